@@ -1,0 +1,243 @@
+"""An embedded Apache Kafka (KRaft) cluster of one or three combined broker+controller nodes.
+
+Node *i* (from 0) listens for clients on ``port + 2i`` and for its controller on
+``port + 2i + 1``, always on 127.0.0.1. One node runs with replication factor 1 for
+everything, including the transaction state log; three nodes run with RF 3 and
+``min.insync.replicas=2``, the smallest layout in which a broker can die without
+stopping transactional writes. Storage is formatted once per data directory, by the
+broker's own ``StorageTool``; the cluster formats with ``transaction.version=2``
+(KIP-890), the default from Kafka 4.0.
+
+State lives under ``<root>/node-<i>/``: ``server.properties``, ``data/``, ``broker.log``
+and ``broker.pid``.
+"""
+
+from __future__ import annotations
+
+import base64
+import socket
+import subprocess
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from infra.jars import JarSet
+from infra.process import (
+    LOOPBACK,
+    PidFile,
+    java_executable,
+    require_free_ports,
+    spawn,
+    stop_process,
+    tail,
+    wait_until,
+)
+from tidemark.errors import ServiceStartError
+
+_LOG4J2 = """\
+status = warn
+appender.out.type = Console
+appender.out.name = out
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = info
+rootLogger.appenderRef.out.ref = out
+logger.state.name = state.change.logger
+logger.state.level = warn
+logger.cleaner.name = kafka.log.LogCleaner
+logger.cleaner.level = warn
+logger.storage.name = org.apache.kafka.storage
+logger.storage.level = warn
+logger.request.name = kafka.request.logger
+logger.request.level = warn
+"""
+
+@dataclass(frozen=True)
+class KafkaNode:
+    node_id: int
+    client_port: int
+    controller_port: int
+    directory: Path
+
+    @property
+    def address(self) -> str:
+        return f"{LOOPBACK}:{self.client_port}"
+
+    @property
+    def log(self) -> Path:
+        return self.directory / "broker.log"
+
+    @property
+    def pidfile(self) -> PidFile:
+        return PidFile(self.directory / "broker.pid")
+
+def _accepts(port: int) -> bool:
+    try:
+        socket.create_connection((LOOPBACK, port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+class EmbeddedKafka:
+    """Start, probe and stop the local KRaft cluster whose state lives in ``root``."""
+
+    def __init__(self, root: Path, jars: JarSet, *, port: int = 19092, brokers: int = 1, heap: str = "512m") -> None:
+        if brokers not in (1, 3):
+            raise ValueError("the embedded cluster runs 1 or 3 brokers")
+        self.root = root
+        self.jars = jars
+        self.heap = heap
+        self.nodes = [
+            KafkaNode(i + 1, port + 2 * i, port + 2 * i + 1, root / f"node-{i + 1}") for i in range(brokers)
+        ]
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return ",".join(n.address for n in self.nodes)
+
+    @property
+    def version(self) -> str:
+        return self.jars.version_of("kafka_2.13")
+
+    # -- configuration ------------------------------------------------------------
+
+    def _properties(self, node: KafkaNode) -> str:
+        rf = len(self.nodes)
+        min_isr = 2 if rf == 3 else 1
+        if rf == 1:
+            quorum = f"controller.quorum.bootstrap.servers={LOOPBACK}:{node.controller_port}"
+        else:
+            voters = ",".join(f"{n.node_id}@{LOOPBACK}:{n.controller_port}" for n in self.nodes)
+            quorum = f"controller.quorum.voters={voters}"
+        return "\n".join([
+            "process.roles=broker,controller",
+            f"node.id={node.node_id}",
+            quorum,
+            f"listeners=PLAINTEXT://{LOOPBACK}:{node.client_port},CONTROLLER://{LOOPBACK}:{node.controller_port}",
+            f"advertised.listeners=PLAINTEXT://{LOOPBACK}:{node.client_port}",
+            "controller.listener.names=CONTROLLER",
+            "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "inter.broker.listener.name=PLAINTEXT",
+            f"log.dirs={node.directory / 'data'}",
+            "num.partitions=1",
+            f"default.replication.factor={rf}",
+            f"min.insync.replicas={min_isr}",
+            f"offsets.topic.replication.factor={rf}",
+            "offsets.topic.num.partitions=8",
+            f"transaction.state.log.replication.factor={rf}",
+            f"transaction.state.log.min.isr={min_isr}",
+            "transaction.state.log.num.partitions=8",
+            "group.initial.rebalance.delay.ms=0",
+            # Topics are created on purpose (connectors.admin); a typo must not make one.
+            "auto.create.topics.enable=false",
+            "",
+        ])
+
+    def _java(self, main: str, *args: str, heap: str | None = None) -> list[str]:
+        opts = [f"-Xms{heap}", f"-Xmx{heap}"] if heap else ["-Xmx256m"]
+        return [
+            java_executable(), *opts, "-XX:+UseG1GC", "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self.root / 'log4j2.properties'}",
+            "-cp", self.jars.classpath, main, *args,
+        ]
+
+    def _format(self) -> None:
+        cluster_file = self.root / "cluster.id"
+        if not cluster_file.exists():
+            cluster_file.write_text(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))
+        cluster_id = cluster_file.read_text().strip()
+        for node in self.nodes:
+            if (node.directory / "data" / "meta.properties").exists():
+                continue
+            extra = ["--standalone"] if len(self.nodes) == 1 else []
+            cmd = self._java("kafka.tools.StorageTool", "format", "-t", cluster_id,
+                             "-c", str(node.directory / "server.properties"), *extra)
+
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise ServiceStartError(
+                    f"formatting Kafka storage for node {node.node_id} failed:\n{proc.stdout}{proc.stderr}"
+                )
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    def running_nodes(self) -> list[KafkaNode]:
+        return [n for n in self.nodes if n.pidfile.process() is not None]
+
+    def start(self, *, timeout: float = 90.0) -> None:
+        """Start every node that is not running and wait until the cluster serves."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "log4j2.properties").write_text(_LOG4J2)
+        to_start = [n for n in self.nodes if n.pidfile.process() is None]
+        if not to_start:
+            return
+        require_free_ports(
+            {f"kafka node {n.node_id} {kind}": p for n in to_start
+             for kind, p in (("client", n.client_port), ("controller", n.controller_port))},
+            "TIDEMARK_KAFKA__PORT",
+        )
+        for node in self.nodes:
+            node.directory.mkdir(parents=True, exist_ok=True)
+            (node.directory / "server.properties").write_text(self._properties(node))
+        self._format()
+        for node in to_start:
+            pid = spawn(self._java("kafka.Kafka", str(node.directory / "server.properties"), heap=self.heap),
+                        log=node.log, cwd=node.directory)
+            node.pidfile.write(pid)
+        for node in self.nodes:
+            wait_until(
+                lambda: self._serves(expect=len(self.nodes)),
+                timeout=timeout, what=f"Kafka node {node.node_id}",
+                alive=lambda node=node: node.pidfile.process() is not None, log=node.log,
+            )
+
+    def _serves(self, *, expect: int) -> bool:
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AdminClient
+
+        if not all(_accepts(n.client_port) for n in self.nodes):
+            return False
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "socket.timeout.ms": 2000,
+                             "log_level": 0})
+        try:
+            metadata = admin.list_topics(timeout=2)
+        except KafkaException:
+            return False
+        return len(metadata.brokers) >= expect
+
+    def stop(self, *, grace: float = 30.0) -> None:
+        """Controlled shutdown of every node (SIGTERM), SIGKILL after ``grace`` seconds."""
+        for node in reversed(self.nodes):
+            proc = node.pidfile.process()
+            if proc is not None:
+                stop_process(proc, grace=grace)
+            node.pidfile.path.unlink(missing_ok=True)
+
+    def kill_node(self, node_id: int) -> None:
+        """SIGKILL one node: for fault-injection tests."""
+        node = self.nodes[node_id - 1]
+        proc = node.pidfile.process()
+        if proc is not None:
+            proc.kill()
+            proc.wait(10)
+
+    def start_node(self, node_id: int, *, timeout: float = 90.0) -> None:
+        node = self.nodes[node_id - 1]
+        if node.pidfile.process() is None:
+            pid = spawn(self._java("kafka.Kafka", str(node.directory / "server.properties"), heap=self.heap),
+                        log=node.log, cwd=node.directory)
+            node.pidfile.write(pid)
+        wait_until(lambda: self._serves(expect=len(self.nodes)), timeout=timeout,
+                   what=f"Kafka node {node_id}", alive=lambda: node.pidfile.process() is not None, log=node.log)
+
+    def describe(self) -> list[str]:
+        lines = []
+        for node in self.nodes:
+            proc = node.pidfile.process()
+            state = f"running (pid {proc.pid})" if proc else "stopped"
+            lines.append(f"node {node.node_id} {node.address} {state}; log {node.log}")
+        return lines
+
+    def last_log_lines(self) -> str:
+        return "\n".join(f"--- node {n.node_id}\n{tail(n.log)}" for n in self.nodes)

@@ -1,0 +1,73 @@
+"""The one place a SparkSession is built: Delta and the Kafka source from the jar cache.
+
+Jars come from the local cache (``infra.jars``) through ``spark.jars``, never through
+``spark.jars.packages``, so a session never triggers an Ivy download and works offline.
+Settings are sane for a 2-core laptop and for tests: loopback binding (Spark otherwise
+picks a non-loopback address), few shuffle partitions, no UI.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from infra import jars as jar_cache
+from tidemark.settings import Settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def spark_conf(settings: Settings, *, warehouse: Path | None = None) -> dict[str, str]:
+    """Every Spark setting Tidemark relies on, as a plain dict (also used by spark-submit docs)."""
+    spark_jars = jar_cache.resolve(settings.home_dir, "spark")
+    home = settings.home_dir
+    conf = {
+        "spark.master": settings.spark.master,
+        "spark.jars": ",".join(str(j) for j in spark_jars.jars),
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "spark.driver.memory": settings.spark.driver_memory,
+        "spark.sql.shuffle.partitions": str(settings.spark.shuffle_partitions),
+        "spark.default.parallelism": str(max(2, os.cpu_count() or 2)),
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.warehouse.dir": str(warehouse or home / "spark-warehouse"),
+        "spark.jars.ivy": str(home / "ivy"),
+        "spark.databricks.delta.snapshotPartitions": "2",
+        "spark.sql.sources.parallelPartitionDiscovery.parallelism": "2",
+        "spark.sql.adaptive.enabled": "true",
+        "spark.driver.extraJavaOptions": f"-Dderby.system.home={home / 'derby'}",
+    }
+    if settings.spark.master.startswith("local"):
+        conf["spark.driver.bindAddress"] = "127.0.0.1"
+        conf["spark.driver.host"] = "127.0.0.1"
+    return conf
+
+
+def build_session(settings: Settings, app_name: str = "tidemark", *, warehouse: Path | None = None) -> SparkSession:
+    """A SparkSession with Delta Lake and the Kafka source ready to use."""
+    from pyspark.sql import SparkSession
+
+    if settings.spark.master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = SparkSession.builder.appName(app_name)
+    for key, value in spark_conf(settings, warehouse=warehouse).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    return session
+
+
+def versions(settings: Settings) -> dict[str, str]:
+    """Spark and Delta versions this installation runs, without starting a JVM."""
+    from importlib.metadata import version
+
+    spark_jars = jar_cache.cached(settings.home_dir, "spark")
+    return {
+        "pyspark": version("pyspark"),
+        "delta-spark (python)": version("delta-spark"),
+        "delta-spark (jar)": spark_jars.version_of("delta-spark_4.1_2.13"),
+        "spark-sql-kafka (jar)": spark_jars.version_of("spark-sql-kafka-0-10_2.13"),
+    }

@@ -1,0 +1,118 @@
+"""The local stack as one unit: what ``tidemark stack up | down | status`` drive.
+
+Each service is embedded unless its setting points at an existing server: with
+``TIDEMARK_KAFKA__BOOTSTRAP_SERVERS`` set no broker is started, with
+``TIDEMARK_POSTGRES__DSN`` set no PostgreSQL is started. Spark is always a library
+inside the calling process (``local[*]``) or a cluster named by ``TIDEMARK_SPARK__MASTER``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from infra import jars as jar_cache
+from infra.kafka import EmbeddedKafka
+from infra.postgres import EmbeddedPostgres
+from tidemark.settings import Settings
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Where the running stack answers."""
+
+    kafka_bootstrap: str
+    postgres_dsn: str
+
+
+class Stack:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.root: Path = settings.home_dir / "stack"
+
+    # -- the embedded pieces (None when an external server is configured) ------------
+
+    def kafka(self) -> EmbeddedKafka | None:
+        if self.settings.kafka.bootstrap_servers:
+            return None
+        jars = jar_cache.resolve(self.settings.home_dir, "kafka")
+        k = self.settings.kafka
+        return EmbeddedKafka(self.root / "kafka", jars, port=k.port, brokers=k.brokers, heap=k.heap)
+
+    def postgres(self) -> EmbeddedPostgres | None:
+        if self.settings.postgres.dsn is not None:
+            return None
+        return EmbeddedPostgres(self.root / "postgres", port=self.settings.postgres.port)
+
+    def endpoints(self) -> Endpoints:
+        kafka = self.kafka()
+        pg = self.postgres()
+        bootstrap = kafka.bootstrap_servers if kafka else str(self.settings.kafka.bootstrap_servers)
+        dsn = pg.dsn if pg else self.settings.postgres.dsn.get_secret_value()  # type: ignore[union-attr]
+        return Endpoints(bootstrap, dsn)
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def up(self) -> Endpoints:
+        """Start what is embedded and not running yet; idempotent."""
+        jar_cache.resolve(self.settings.home_dir, "spark")
+        pg = self.postgres()
+        if pg:
+            pg.start()
+        kafka = self.kafka()
+        if kafka:
+            try:
+                kafka.start()
+            except BaseException:
+                if pg:
+                    pg.stop()
+                raise
+        return self.endpoints()
+
+    def down(self) -> None:
+        """Stop every embedded server this home runs; idempotent."""
+        kafka = self.kafka()
+        if kafka:
+            kafka.stop()
+        pg = self.postgres()
+        if pg:
+            pg.stop()
+
+    def status(self) -> list[tuple[str, str, str]]:
+        """(component, version, where/state) rows for ``tidemark stack status``."""
+        from infra.spark import versions
+
+        rows: list[tuple[str, str, str]] = []
+        kafka = self.kafka()
+        if kafka:
+            for line in kafka.describe():
+                rows.append(("Kafka (embedded KRaft)", kafka.version, line))
+        else:
+            rows.append(("Kafka (external)", "-", str(self.settings.kafka.bootstrap_servers)))
+        pg = self.postgres()
+        pg_version = _postgres_version(self.endpoints().postgres_dsn)
+        if pg:
+            rows.append(("PostgreSQL (embedded)", pg_version, pg.describe()))
+        else:
+            rows.append(("PostgreSQL (external)", pg_version, "TIDEMARK_POSTGRES__DSN"))
+        v = versions(self.settings)
+        rows.append(("Spark", v["pyspark"], self.settings.spark.master))
+        rows.append(("Delta Lake", v["delta-spark (jar)"], f"python package {v['delta-spark (python)']}"))
+        rows.append(("spark-sql-kafka", v["spark-sql-kafka (jar)"], "jar cache " + str(self.settings.home_dir / "jars")))
+        return rows
+
+
+def _postgres_version(dsn: str) -> str:
+    import psycopg2
+
+    try:
+        conn = psycopg2.connect(dsn, connect_timeout=2)
+    except psycopg2.OperationalError:
+        return "(not reachable)"
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW server_version")
+            row = cur.fetchone()
+            return str(row[0]) if row else "?"
+    finally:
+        conn.close()

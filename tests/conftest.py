@@ -1,0 +1,69 @@
+"""Session-scoped servers (Kafka, PostgreSQL, Spark) and factories shared by all tests."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.stack_fixtures import kafka_cluster, postgres_server
+from tidemark.settings import Settings, load_settings
+
+
+@pytest.fixture(scope="session")
+def settings() -> Settings:
+    return load_settings()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with kafka_cluster(settings, tmp_path_factory.mktemp("kafka")) as (bootstrap, _):
+        yield bootstrap
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with postgres_server(settings, tmp_path_factory.mktemp("postgres")) as (dsn, _):
+        yield dsn
+
+
+@pytest.fixture(scope="session")
+def spark(settings: Settings, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    from infra.spark import build_session
+
+    session = build_session(settings, "tidemark-tests", warehouse=tmp_path_factory.mktemp("warehouse"))
+    yield session
+    session.stop()
+
+
+_topic_counter = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def topic_factory(kafka_bootstrap: str) -> Callable[..., str]:
+    """Create a fresh topic; returns its name."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    run = uuid.uuid4().hex[:6]
+
+    def create(prefix: str = "t", partitions: int = 1, replication: int = 1) -> str:
+        name = f"{prefix}-{run}-{next(_topic_counter)}"
+        futures = admin.create_topics([NewTopic(name, partitions, replication)], operation_timeout=30)
+        futures[name].result(30)
+        return name
+
+    return create
+
+
+@pytest.fixture
+def delta_path(tmp_path: Path) -> str:
+    return str(tmp_path / "table")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

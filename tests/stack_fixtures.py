@@ -1,0 +1,89 @@
+"""Where the tests' servers come from, in order of preference.
+
+1. ``TIDEMARK_KAFKA__BOOTSTRAP_SERVERS`` / ``TIDEMARK_POSTGRES__DSN``: an existing cluster
+   or database the user points us at; nothing is started.
+2. A Docker engine that answers (a developer laptop): testcontainers.
+   ``TIDEMARK_TEST_BACKEND=embedded`` skips this step.
+3. Otherwise the embedded stack: the same code ``tidemark stack up`` runs, with state in
+   a temporary directory and free ports, so a developer's own stack is never touched.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from infra import jars as jar_cache
+from infra.kafka import EmbeddedKafka
+from infra.postgres import EmbeddedPostgres
+from infra.process import port_is_free
+from tidemark.settings import Settings
+
+
+def docker_engine_answers() -> bool:
+    if os.environ.get("TIDEMARK_TEST_BACKEND", "auto") == "embedded":
+        return False
+    try:
+        import docker
+
+        client = docker.from_env(timeout=2)
+        client.ping()
+        return True
+    except Exception:  # no engine, no socket, no permission: all mean "not available"
+        return False
+
+
+def free_port_block(size: int, start: int = 29092) -> int:
+    """The first port ``p`` from ``start`` such that ``p .. p+size-1`` are all free."""
+    port = start
+    while port < 60000:
+        if all(port_is_free(p) for p in range(port, port + size)):
+            return port
+        port += size
+    raise RuntimeError("no block of free ports on 127.0.0.1")
+
+
+@contextmanager
+def kafka_cluster(settings: Settings, state: Path, *, brokers: int = 1) -> Iterator[tuple[str, EmbeddedKafka | None]]:
+    """Yield ``(bootstrap servers, embedded cluster or None)``."""
+    if settings.kafka.bootstrap_servers:
+        yield settings.kafka.bootstrap_servers, None
+        return
+    if brokers == 1 and docker_engine_answers():
+        from testcontainers.kafka import KafkaContainer
+
+        with KafkaContainer("apache/kafka:4.1.1").with_kraft() as container:
+            yield container.get_bootstrap_server(), None
+        return
+    jars = jar_cache.resolve(settings.home_dir, "kafka")
+    cluster = EmbeddedKafka(state, jars, port=free_port_block(2 * brokers), brokers=brokers, heap="512m")
+    cluster.start()
+    try:
+        yield cluster.bootstrap_servers, cluster
+    finally:
+        cluster.stop()
+
+
+@contextmanager
+def postgres_server(settings: Settings, state: Path) -> Iterator[tuple[str, EmbeddedPostgres | None]]:
+    """Yield ``(libpq DSN, embedded server or None)``."""
+    if settings.postgres.dsn is not None:
+        yield settings.postgres.dsn.get_secret_value(), None
+        return
+    if docker_engine_answers():
+        from testcontainers.postgres import PostgresContainer
+
+        container = PostgresContainer("postgres:17-alpine").with_command("postgres -c wal_level=logical")
+        with container:
+            dsn = (f"host={container.get_container_host_ip()} port={container.get_exposed_port(5432)} "
+                   f"user={container.username} password={container.password} dbname={container.dbname}")
+            yield dsn, None
+        return
+    server = EmbeddedPostgres(state, port=free_port_block(1, start=25432))
+    server.start()
+    try:
+        yield server.dsn, server
+    finally:
+        server.stop()

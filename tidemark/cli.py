@@ -1,0 +1,120 @@
+"""The ``tidemark`` command line.
+
+One function per command; :func:`main` maps errors to exit codes. A
+:class:`~tidemark.errors.TidemarkError` prints its message (which says what to do next)
+and exits with its code; anything else is a bug and says so. Tracebacks only with
+``--debug``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+from tidemark.errors import TidemarkError
+from tidemark.settings import settings
+
+
+def _table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    lines = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
+    lines += [fmt.format(*map(str, r)) for r in rows]
+    return "\n".join(lines)
+
+
+# -- stack --------------------------------------------------------------------------
+
+
+def cmd_stack_up(args: argparse.Namespace) -> int:
+    from infra.stack import Stack
+
+    started = time.monotonic()
+    endpoints = Stack(settings()).up()
+    print(f"stack up in {time.monotonic() - started:.1f}s")
+    print(f"  kafka     {endpoints.kafka_bootstrap}")
+    print(f"  postgres  {endpoints.postgres_dsn}")
+    print("next: `tidemark stack status`; stop with `tidemark stack down`")
+    return 0
+
+
+def cmd_stack_down(args: argparse.Namespace) -> int:
+    from infra.stack import Stack
+
+    Stack(settings()).down()
+    print("stack down")
+    return 0
+
+
+def cmd_stack_status(args: argparse.Namespace) -> int:
+    from infra.stack import Stack
+
+    print(_table(Stack(settings()).status(), ("component", "version", "address / state")))
+    return 0
+
+
+# -- demo ---------------------------------------------------------------------------
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from infra.smoke import run_demo
+
+    return run_demo(settings(), keep=args.keep)
+
+
+# -- wiring -------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tidemark", description="Exactly-once Kafka to Delta Lake ingestion.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    stack = sub.add_parser("stack", help="the local stack: embedded Kafka (KRaft) and PostgreSQL")
+    stack_sub = stack.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for name, func, text in (
+        ("up", cmd_stack_up, "start the embedded servers (idempotent)"),
+        ("down", cmd_stack_down, "stop the embedded servers (idempotent)"),
+        ("status", cmd_stack_status, "versions and addresses of Kafka, Spark, Delta, PostgreSQL"),
+    ):
+        p = stack_sub.add_parser(name, help=text)
+        p.set_defaults(func=func)
+
+    demo = sub.add_parser("demo", help="run the end-to-end demo on the embedded stack")
+    demo.add_argument("--keep", action="store_true", help="leave the stack running afterwards")
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except TidemarkError as exc:
+        if args.debug:
+            raise
+        print(f"tidemark: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("tidemark: interrupted", file=sys.stderr)
+        return 130
+    except Exception:
+        if args.debug:
+            raise
+        import traceback
+
+        last = traceback.format_exc().strip().splitlines()[-1]
+        print(f"tidemark: internal error: {last}\nrerun with --debug for the traceback and report it",
+              file=sys.stderr)
+        return 70  # EX_SOFTWARE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""Typed, frozen settings for the stack Tidemark runs against.
+
+Values come from environment variables named ``TIDEMARK_<SECTION>__<KEY>`` (for example
+``TIDEMARK_KAFKA__BOOTSTRAP_SERVERS``), then the defaults below. Leaving
+``kafka.bootstrap_servers`` or ``postgres.dsn`` unset means "use the embedded server
+that ``tidemark stack up`` runs"; setting them points everything at an existing cluster
+or database instead. Secrets are :class:`~pydantic.SecretStr` so they never reach logs.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from tidemark.errors import ConfigError
+
+Port = Annotated[int, Field(ge=1024, le=65535)]
+
+_SECTION = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+
+class KafkaSettings(BaseModel):
+    model_config = _SECTION
+
+    bootstrap_servers: str | None = None
+    """Existing cluster to use (``host:port,...``); unset runs the embedded KRaft broker."""
+    port: Port = 19092
+    """First client port of the embedded broker(s); broker *i* listens on ``port + 2*i``."""
+    brokers: Annotated[int, Field(ge=1, le=3)] = 1
+    """Embedded brokers: 1 (RF 1) or 3 (RF 3, ``min.insync.replicas=2``)."""
+    heap: str = "512m"
+    """JVM heap of each embedded broker."""
+
+
+class PostgresSettings(BaseModel):
+    model_config = _SECTION
+
+    dsn: SecretStr | None = None
+    """libpq DSN of an existing server (needs ``wal_level=logical``); unset runs the embedded one."""
+    port: Port = 15432
+    """TCP port of the embedded server on 127.0.0.1."""
+
+
+class SparkSettings(BaseModel):
+    model_config = _SECTION
+
+    master: str = "local[*]"
+    """Spark master URL; ``local[*]`` by default, ``spark://...`` for a standalone cluster."""
+    driver_memory: str = "2g"
+    """Driver heap (local mode runs executors inside the driver)."""
+    shuffle_partitions: Annotated[int, Field(ge=1)] = 4
+    """``spark.sql.shuffle.partitions``: Spark's 200 wastes time on 2 cores."""
+
+
+class Settings(BaseSettings):
+    """Everything Tidemark reads from the environment."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="TIDEMARK_",
+        env_nested_delimiter="__",
+        frozen=True,
+        extra="forbid",
+        use_attribute_docstrings=True,
+    )
+
+    home: Path = Path("~/.tidemark")
+    """State and caches: resolved jars, embedded server data, logs."""
+    kafka: KafkaSettings = KafkaSettings()
+    postgres: PostgresSettings = PostgresSettings()
+    spark: SparkSettings = SparkSettings()
+
+    @property
+    def home_dir(self) -> Path:
+        return self.home.expanduser().resolve()
+
+
+def load_settings() -> Settings:
+    """Read settings from the environment, turning validation errors into a ConfigError."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            field = "__".join(str(p) for p in err["loc"]).upper()
+            lines.append(f"  TIDEMARK_{field}: {err['msg']} (got {err.get('input')!r})")
+        raise ConfigError(
+            "invalid Tidemark settings in the environment:\n"
+            + "\n".join(lines)
+            + "\nfix or unset these variables; `tidemark stack status` shows what is in effect"
+        ) from None
+
+
+@lru_cache(maxsize=1)
+def settings() -> Settings:
+    """The process-wide settings, read once."""
+    return load_settings()
