@@ -110,7 +110,7 @@ def resolve(home: Path, profile: Profile, *, quiet: bool = True) -> JarSet:
         "-DincludeScope=runtime",
         f"-DoutputDirectory={staging}",
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
         raise JarsMissingError(

@@ -154,7 +154,7 @@ class EmbeddedKafka:
             cmd = self._java("kafka.tools.StorageTool", "format", "-t", cluster_id,
                              "-c", str(node.directory / "server.properties"), *extra)
 
-            proc = subprocess.run(cmd, capture_output=True, text=True)
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if proc.returncode != 0:
                 raise ServiceStartError(
                     f"formatting Kafka storage for node {node.node_id} failed:\n{proc.stdout}{proc.stderr}"
@@ -228,8 +228,12 @@ class EmbeddedKafka:
             pid = spawn(self._java("kafka.Kafka", str(node.directory / "server.properties"), heap=self.heap),
                         log=node.log, cwd=node.directory)
             node.pidfile.write(pid)
+
+        def alive() -> bool:
+            return node.pidfile.process() is not None
+
         wait_until(lambda: self._serves(expect=len(self.nodes)), timeout=timeout,
-                   what=f"Kafka node {node_id}", alive=lambda: node.pidfile.process() is not None, log=node.log)
+                   what=f"Kafka node {node_id}", alive=alive, log=node.log)
 
     def describe(self) -> list[str]:
         lines = []

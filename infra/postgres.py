@@ -87,7 +87,7 @@ class EmbeddedPostgres:
         return {"user": entry.pw_uid, "group": entry.pw_gid}
 
     def _pg(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*args], capture_output=True, text=True, timeout=timeout,
+        return subprocess.run([*args], capture_output=True, text=True, timeout=timeout, check=False,
                               cwd=self.root, **self._run_as())  # type: ignore[call-overload]
 
     def _init(self) -> None:

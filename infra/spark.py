@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 from infra import jars as jar_cache
 from tidemark.settings import Settings
 
+LOG4J2 = Path(__file__).parent / "spark-log4j2.properties"
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -38,7 +40,9 @@ def spark_conf(settings: Settings, *, warehouse: Path | None = None) -> dict[str
         "spark.databricks.delta.snapshotPartitions": "2",
         "spark.sql.sources.parallelPartitionDiscovery.parallelism": "2",
         "spark.sql.adaptive.enabled": "true",
-        "spark.driver.extraJavaOptions": f"-Dderby.system.home={home / 'derby'}",
+        "spark.driver.extraJavaOptions": (
+            f"-Dderby.system.home={home / 'derby'} -Dlog4j2.configurationFile={LOG4J2}"
+        ),
     }
     if settings.spark.master.startswith("local"):
         conf["spark.driver.bindAddress"] = "127.0.0.1"

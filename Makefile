@@ -1,0 +1,34 @@
+# Two commands for users: `make demo` and `make test`. Both set everything up first,
+# idempotently: a virtualenv with the pinned dependencies, then the JVM jars.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: demo test test-slow bootstrap lint clean
+
+demo: bootstrap
+	$(BIN)/tidemark demo
+
+test: bootstrap
+	$(BIN)/pytest
+
+# Fault-injection tests (broker kills, SIGKILL harnesses); CI's second stage.
+test-slow: bootstrap
+	$(BIN)/pytest -m slow
+
+bootstrap: $(STAMP)
+	$(BIN)/python -m infra.jars
+
+$(STAMP): pyproject.toml requirements.lock
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[dev]'
+	touch $@
+
+lint: bootstrap
+	$(BIN)/ruff check tidemark infra connectors tests
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache *.egg-info

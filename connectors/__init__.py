@@ -1,0 +1,1 @@
+"""Kafka I/O: admin (topics, LSO), exact-range reads, the transactional producer, config mapping."""

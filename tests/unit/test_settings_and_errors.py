@@ -1,0 +1,90 @@
+"""Pure logic: settings parsing, error markers, jar names, start-up preconditions."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from infra import jars
+from infra.process import java_executable, require_free_ports
+from tidemark import errors
+from tidemark.settings import load_settings
+
+
+def test_defaults_use_the_embedded_stack(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("TIDEMARK_KAFKA__BOOTSTRAP_SERVERS", "TIDEMARK_POSTGRES__DSN"):
+        monkeypatch.delenv(var, raising=False)
+    s = load_settings()
+    assert s.kafka.bootstrap_servers is None and s.postgres.dsn is None
+
+
+def test_env_points_at_existing_servers_and_hides_the_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TIDEMARK_KAFKA__BOOTSTRAP_SERVERS", "k1:9092,k2:9092")
+    monkeypatch.setenv("TIDEMARK_POSTGRES__DSN", "host=db user=app password=hunter2")
+    s = load_settings()
+    assert s.kafka.bootstrap_servers == "k1:9092,k2:9092"
+    assert s.postgres.dsn is not None and s.postgres.dsn.get_secret_value().endswith("hunter2")
+    assert "hunter2" not in repr(s) and "hunter2" not in str(s.model_dump())
+
+
+def test_settings_are_frozen() -> None:
+    s = load_settings()
+    with pytest.raises(ValidationError):
+        s.kafka.port = 1  # type: ignore[misc]
+
+
+def test_bad_setting_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TIDEMARK_KAFKA__BROKERS", "2x")
+    with pytest.raises(errors.ConfigError) as info:
+        load_settings()
+    assert "TIDEMARK_KAFKA__BROKERS" in str(info.value)
+    assert info.value.exit_code == 78
+
+
+def test_error_markers_decide_retry() -> None:
+    assert issubclass(errors.ServiceUnavailableError, errors.TransientError)
+    for terminal in (errors.ConfigError, errors.PortInUseError, errors.JarsMissingError, errors.MissingToolError):
+        assert issubclass(terminal, errors.TerminalError)
+        assert not issubclass(terminal, errors.TransientError)
+    assert issubclass(errors.TransientError, errors.TidemarkError)
+
+
+def test_taken_port_is_named() -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(errors.PortInUseError) as info:
+            require_free_ports({"kafka client": port}, "TIDEMARK_KAFKA__PORT")
+    assert f"kafka client {port}" in str(info.value) and "TIDEMARK_KAFKA__PORT" in str(info.value)
+
+
+def test_missing_java_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(errors.MissingToolError, match="openjdk-17"):
+        java_executable()
+
+
+def test_missing_jars_say_how_to_fetch_them(tmp_path: Path) -> None:
+    with pytest.raises(errors.JarsMissingError, match="make bootstrap"):
+        jars.cached(tmp_path, "kafka")
+
+
+@pytest.mark.parametrize(
+    ("file", "artifact", "version"),
+    [
+        ("spark-sql-kafka-0-10_2.13-4.1.3.jar", "spark-sql-kafka-0-10_2.13", "4.1.3"),
+        ("spark-token-provider-kafka-0-10_2.13-4.1.0-preview1.jar", "spark-token-provider-kafka-0-10_2.13",
+         "4.1.0-preview1"),
+        ("delta-spark_4.1_2.13-4.4.0.jar", "delta-spark_4.1_2.13", "4.4.0"),
+        ("zstd-jni-1.5.6-10.jar", "zstd-jni", "1.5.6-10"),
+        ("kafka_2.13-4.3.1.jar", "kafka_2.13", "4.3.1"),
+    ],
+)
+def test_jar_file_names_parse(file: str, artifact: str, version: str) -> None:
+    m = jars._VERSIONED_JAR.match(file)
+    assert m is not None and (m["artifact"], m["version"]) == (artifact, version)
