@@ -182,15 +182,20 @@ class EmbeddedKafka:
             (node.directory / "server.properties").write_text(self._properties(node))
         self._format()
         for node in to_start:
-            pid = spawn(self._java("kafka.Kafka", str(node.directory / "server.properties"), heap=self.heap),
-                        log=node.log, cwd=node.directory)
-            node.pidfile.write(pid)
+            self._spawn(node)
         for node in self.nodes:
-            wait_until(
-                lambda: self._serves(expect=len(self.nodes)),
-                timeout=timeout, what=f"Kafka node {node.node_id}",
-                alive=lambda node=node: node.pidfile.process() is not None, log=node.log,
-            )
+            self._await(node, timeout)
+
+    def _spawn(self, node: KafkaNode) -> None:
+        command = self._java("kafka.Kafka", str(node.directory / "server.properties"), heap=self.heap)
+        node.pidfile.write(spawn(command, log=node.log, cwd=node.directory))
+
+    def _await(self, node: KafkaNode, timeout: float) -> None:
+        def alive() -> bool:
+            return node.pidfile.process() is not None
+
+        wait_until(lambda: self._serves(expect=len(self.nodes)), timeout=timeout,
+                   what=f"Kafka node {node.node_id}", alive=alive, log=node.log)
 
     def _serves(self, *, expect: int) -> bool:
         from confluent_kafka import KafkaException
@@ -223,17 +228,11 @@ class EmbeddedKafka:
             proc.wait(10)
 
     def start_node(self, node_id: int, *, timeout: float = 90.0) -> None:
+        """Restart one node after :meth:`kill_node`."""
         node = self.nodes[node_id - 1]
         if node.pidfile.process() is None:
-            pid = spawn(self._java("kafka.Kafka", str(node.directory / "server.properties"), heap=self.heap),
-                        log=node.log, cwd=node.directory)
-            node.pidfile.write(pid)
-
-        def alive() -> bool:
-            return node.pidfile.process() is not None
-
-        wait_until(lambda: self._serves(expect=len(self.nodes)), timeout=timeout,
-                   what=f"Kafka node {node_id}", alive=alive, log=node.log)
+            self._spawn(node)
+        self._await(node, timeout)
 
     def describe(self) -> list[str]:
         lines = []

@@ -1,0 +1,1 @@
+"""Prefect flows, deployments, schedules, concurrency limits and run reports."""

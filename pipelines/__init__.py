@@ -1,0 +1,1 @@
+"""The PySpark jobs: batch ingest, continuous ingest, backfill; transforms, dedup, quarantine."""

@@ -1,0 +1,1 @@
+"""Great Expectations suites, transaction-completeness checks and reconciliation against Kafka."""
