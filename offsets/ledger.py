@@ -1,0 +1,153 @@
+"""The intent ledger: one Delta row per batch, written before the batch's data.
+
+A row says exactly what batch ``N`` of a pipeline is: the offset range ``[start, end)``
+of every partition and the time stamped into its rows. Rows are append-only, so any past
+batch can be re-read bit for bit (backfill, G6), and each append carries
+``txnAppId=<pipeline>``/``txnVersion=N``, so two writers cannot both claim ``N``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from tidemark.errors import TerminalError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+TP = tuple[str, int]
+
+LEDGER_SCHEMA = (
+    "pipeline STRING, batch_id BIGINT, writer STRING, planned_at TIMESTAMP, "
+    "ranges ARRAY<STRUCT<topic: STRING, partition: INT, start_offset: BIGINT, end_offset: BIGINT>>"
+)
+
+
+class OffsetRegressionError(TerminalError):
+    """A planned range would move a partition's offset backwards; the ledger is inconsistent."""
+
+
+@dataclass(frozen=True, order=True)
+class Range:
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    @property
+    def tp(self) -> TP:
+        return (self.topic, self.partition)
+
+    @property
+    def span(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Intent:
+    pipeline: str
+    batch_id: int
+    writer: str
+    planned_at: datetime
+    ranges: tuple[Range, ...]
+
+    def ends(self) -> dict[TP, int]:
+        return {r.tp: r.end for r in self.ranges}
+
+    @property
+    def is_empty(self) -> bool:
+        return all(r.span == 0 for r in self.ranges)
+
+    def to_json(self) -> str:
+        """Compact form stored as the target commit's ``userMetadata``."""
+        return json.dumps({
+            "tidemark": 1, "pipeline": self.pipeline, "batch": self.batch_id,
+            "offsets": {f"{r.topic}:{r.partition}": [r.start, r.end] for r in self.ranges if r.span},
+        }, separators=(",", ":"), sort_keys=True)
+
+    def row(self) -> tuple[object, ...]:
+        return (self.pipeline, self.batch_id, self.writer, self.planned_at.replace(tzinfo=None),
+                [(r.topic, r.partition, r.start, r.end) for r in self.ranges])
+
+
+def batch_of_commit(user_metadata: str | None, pipeline: str) -> int | None:
+    """The batch id a target commit records for ``pipeline``, or None."""
+    if not user_metadata:
+        return None
+    try:
+        meta = json.loads(user_metadata)
+    except ValueError:
+        return None
+    if isinstance(meta, dict) and meta.get("tidemark") == 1 and meta.get("pipeline") == pipeline:
+        return int(meta["batch"])
+    return None
+
+
+class Ledger:
+    def __init__(self, spark: SparkSession, path: str, pipeline: str) -> None:
+        self.spark = spark
+        self.path = path
+        self.pipeline = pipeline
+
+    def _exists(self) -> bool:
+        from delta.tables import DeltaTable
+
+        return bool(DeltaTable.isDeltaTable(self.spark, self.path))
+
+    def _rows(self, where: str):  # type: ignore[no-untyped-def]
+        from pyspark.sql import functions as F
+
+        df = self.spark.read.format("delta").load(self.path)
+        return df.where((F.col("pipeline") == self.pipeline) & F.expr(where))
+
+    def last(self) -> Intent | None:
+        """The newest intent of this pipeline (data skipping keeps this cheap as the ledger grows)."""
+        if not self._exists():
+            return None
+        from pyspark.sql import functions as F
+
+        top = self._rows("true").agg(F.max("batch_id")).first()
+        if top is None or top[0] is None:
+            return None
+        return self.get(int(top[0]))
+
+    def get(self, batch_id: int) -> Intent | None:
+        found = self._intents(f"batch_id = {int(batch_id)}")
+        return found[0] if found else None
+
+    def history(self, first: int | None = None, last: int | None = None) -> list[Intent]:
+        cond = "true"
+        if first is not None:
+            cond += f" AND batch_id >= {int(first)}"
+        if last is not None:
+            cond += f" AND batch_id <= {int(last)}"
+        return self._intents(cond)
+
+    def _intents(self, where: str) -> list[Intent]:
+        if not self._exists():
+            return []
+        rows = self._rows(where).orderBy("batch_id").collect()
+        return [
+            Intent(
+                pipeline=row.pipeline, batch_id=int(row.batch_id), writer=row.writer,
+                planned_at=row.planned_at.replace(tzinfo=UTC),
+                ranges=tuple(sorted(Range(r.topic, int(r.partition), int(r.start_offset), int(r.end_offset))
+                                    for r in row.ranges)),
+            )
+            for row in rows
+        ]
+
+    def append(self, intent: Intent) -> None:
+        """Append ``intent``; Delta skips it if this pipeline already claimed that batch id."""
+        df = self.spark.createDataFrame([intent.row()], LEDGER_SCHEMA)
+        (df.coalesce(1).write.format("delta").mode("append")
+         .option("txnAppId", self.pipeline).option("txnVersion", intent.batch_id)
+         .option("userMetadata", intent.to_json())
+         .save(self.path))
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC).replace(microsecond=0)

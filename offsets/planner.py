@@ -1,0 +1,61 @@
+"""Plan the next batch's offset ranges: pure logic, no I/O.
+
+Given where the last batch ended, what partitions exist now with their log-start offset
+and LSO, and where new partitions start, return one ``[start, end)`` per partition with
+``end <= LSO`` (never past what read_committed readers can see, or Spark's reader waits),
+sharing the record cap fairly among partitions that have something to read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from connectors.admin import PartitionBounds, check_retention
+from offsets.ledger import TP, OffsetRegressionError, Range
+
+
+def plan_ranges(
+    previous_ends: Mapping[TP, int],
+    bounds: Mapping[TP, PartitionBounds],
+    new_partition_starts: Mapping[TP, int],
+    max_offsets: int,
+) -> tuple[Range, ...]:
+    """Ranges for the next batch; every partition in ``bounds`` gets one (possibly empty)."""
+    starts: dict[TP, int] = {}
+    for tp in bounds:
+        if tp in previous_ends:
+            starts[tp] = previous_ends[tp]
+        elif tp in new_partition_starts:
+            starts[tp] = new_partition_starts[tp]
+        else:
+            raise ValueError(f"no start offset for new partition {tp}")
+    vanished = sorted(set(previous_ends) - set(bounds))
+    if vanished:
+        raise OffsetRegressionError(
+            f"partitions we have read from no longer exist: {vanished}; was a topic deleted? "
+            "Tidemark will not guess; restore the topic or start a new pipeline")
+    for tp, start in starts.items():
+        if start > bounds[tp].stable_end:
+            raise OffsetRegressionError(
+                f"{tp[0]}[{tp[1]}]: stored offset {start} is past the partition's end {bounds[tp].stable_end}; "
+                "was the topic deleted and recreated? Start a new pipeline (or reset this one) to re-read it")
+    check_retention({tp: s for tp, s in starts.items() if s < bounds[tp].stable_end}, bounds)
+
+    lag = {tp: bounds[tp].stable_end - s for tp, s in starts.items()}
+    grant = _fair_share(lag, max_offsets)
+    return tuple(sorted(Range(tp[0], tp[1], starts[tp], starts[tp] + grant[tp]) for tp in starts))
+
+
+def _fair_share(lag: Mapping[TP, int], budget: int) -> dict[TP, int]:
+    """Water-filling: each partition gets min(its lag, an equal share of what is left)."""
+    grant = {tp: 0 for tp in lag}
+    pending = sorted((tp for tp in lag if lag[tp] > 0), key=lambda tp: (lag[tp], tp))
+    left = budget
+    while pending and left > 0:
+        share = max(1, left // len(pending))
+        tp = pending[0]
+        take = min(lag[tp], share, left)
+        grant[tp] = take
+        left -= take
+        pending.pop(0)
+    return grant

@@ -1,0 +1,184 @@
+"""``tidemark.yaml``: the Kafka connection and the pipelines, as typed, frozen models.
+
+A pipeline reads source topics (a list or a regex pattern) into one Delta table.
+Validation errors name the field path and what to write instead, e.g.
+``pipelines[0].start: expected 'earliest', 'latest' or {timestamp: ...}``.
+Secrets (SASL password, TLS key password) are SecretStr and never printed.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+
+from tidemark.errors import ConfigError
+
+_MODEL = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+PipelineName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_\-]{0,62}$")]
+LineageColumn = Literal["topic", "partition", "offset", "timestamp", "key", "headers", "batch_id"]
+
+
+class KafkaSecurity(BaseModel):
+    model_config = _MODEL
+
+    protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    """``security.protocol`` for both librdkafka and Spark's Kafka client."""
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_ca_location: Path | None = None
+    """PEM file of the CA that signed the brokers' certificates."""
+
+    @model_validator(mode="after")
+    def _sasl_complete(self) -> KafkaSecurity:
+        if self.protocol.startswith("SASL"):
+            missing = [n for n in ("sasl_mechanism", "sasl_username", "sasl_password") if getattr(self, n) is None]
+            if missing:
+                raise ValueError(f"protocol {self.protocol} needs {', '.join(missing)}")
+        return self
+
+
+class KafkaConnection(BaseModel):
+    model_config = _MODEL
+
+    bootstrap_servers: str | None = None
+    """``host:port,...``; unset means the embedded broker (``TIDEMARK_KAFKA__*`` settings)."""
+    security: KafkaSecurity = KafkaSecurity()
+
+
+class TimestampStart(BaseModel):
+    model_config = _MODEL
+
+    timestamp: datetime
+    """Start each partition at the first record at or after this time (ISO 8601, with zone)."""
+
+    @field_validator("timestamp")
+    @classmethod
+    def _aware(cls, value: datetime) -> datetime:
+        if value.tzinfo is None:
+            raise ValueError("give a time zone, e.g. 2026-01-31T00:00:00Z")
+        return value
+
+
+class PipelineConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True, populate_by_name=True)
+
+    name: PipelineName
+    """Identifies the pipeline's offsets and fences its writers; never rename a running pipeline."""
+    topics: tuple[str, ...] = ()
+    """Source topics, read under read_committed."""
+    topic_pattern: str | None = None
+    """Regex of source topics, instead of ``topics``; matching topics are picked up as they appear."""
+    target: str
+    """Delta table path (local path or object-store URI)."""
+    quarantine: str | None = None
+    """Delta table for records that fail parsing; default ``<target>_quarantine``."""
+    format: Literal["json", "raw"] = "json"
+    """``json``: parse values against ``schema``; ``raw``: keep value bytes as they are."""
+    schema_ddl: str | None = Field(default=None, alias="schema")
+    """Spark DDL of the JSON payload, e.g. ``order_id STRING, amount DECIMAL(12,2)``."""
+    lineage: tuple[LineageColumn, ...] = ("topic", "partition", "offset", "timestamp", "key", "batch_id")
+    """Kafka facts added as ``_kafka_<name>`` columns (``_tidemark_batch_id`` for batch_id)."""
+    partition_by: tuple[str, ...] = ()
+    """Delta partition columns of the target table."""
+    start: Literal["earliest", "latest"] | TimestampStart = "earliest"
+    """Where a new pipeline (or a new partition) starts."""
+    max_records_per_batch: Annotated[int, Field(ge=1)] = 500_000
+    max_bytes_per_batch: Annotated[int, Field(ge=1024)] | None = None
+    """Approximate cap, estimated from offsets times the average record size seen so far."""
+    trigger_interval_seconds: Annotated[float, Field(gt=0)] = 10.0
+    """``--follow``: time between micro-batches when caught up."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PipelineConfig:
+        if bool(self.topics) == bool(self.topic_pattern):
+            raise ValueError("give exactly one of `topics` (a list) or `topic_pattern` (a regex)")
+        if self.topic_pattern is not None:
+            try:
+                re.compile(self.topic_pattern)
+            except re.error as exc:
+                raise ValueError(f"topic_pattern is not a valid regex: {exc}") from None
+        if self.format == "json" and not self.schema_ddl:
+            raise ValueError("format json needs `schema` (Spark DDL), or use format: raw")
+        return self
+
+    @property
+    def quarantine_path(self) -> str:
+        return self.quarantine or f"{self.target.rstrip('/')}_quarantine"
+
+    @property
+    def ledger_path(self) -> str:
+        return f"{self.target.rstrip('/')}_tidemark_ledger"
+
+
+class TidemarkConfig(BaseModel):
+    model_config = _MODEL
+
+    kafka: KafkaConnection = KafkaConnection()
+    pipelines: tuple[PipelineConfig, ...] = ()
+
+    @field_validator("pipelines")
+    @classmethod
+    def _unique(cls, pipelines: tuple[PipelineConfig, ...]) -> tuple[PipelineConfig, ...]:
+        names = [p.name for p in pipelines]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"pipeline names must be unique; repeated: {', '.join(dupes)}")
+        return pipelines
+
+    def pipeline(self, name: str) -> PipelineConfig:
+        for p in self.pipelines:
+            if p.name == name:
+                return p
+        known = ", ".join(p.name for p in self.pipelines) or "(none)"
+        raise ConfigError(f"no pipeline named {name!r} in the config; known pipelines: {known}")
+
+
+# What to write instead, for fields whose raw pydantic message does not say it.
+_HINTS = {
+    "start": "expected 'earliest', 'latest' or {timestamp: 2026-01-31T00:00:00Z}",
+    "name": "use lower-case letters, digits, '-' or '_', starting with a letter (at most 63)",
+}
+
+
+def _where(loc: tuple[Any, ...]) -> tuple[str, str | None]:
+    """Dotted path of a validation error, without pydantic's union-branch tags."""
+    out, last = "", None
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in PipelineConfig.model_fields or part in TidemarkConfig.model_fields or part in (
+                "schema", "kafka", "security", "bootstrap_servers") or part in KafkaSecurity.model_fields:
+            out += f".{part}" if out else str(part)
+            last = str(part)
+    return out or "(top level)", last
+
+
+def parse_config(data: Any, source: str = "tidemark.yaml") -> TidemarkConfig:
+    try:
+        return TidemarkConfig.model_validate(data or {})
+    except ValidationError as exc:
+        lines: list[str] = []
+        for err in exc.errors():
+            where, field = _where(err["loc"])
+            msg = _HINTS.get(field or "", err["msg"].removeprefix("Value error, "))
+            line = f"  {where}: {msg}"
+            if line not in lines:
+                lines.append(line)
+        raise ConfigError(f"{source} is invalid:\n" + "\n".join(lines)) from None
+
+
+def load_config(path: Path) -> TidemarkConfig:
+    if not path.exists():
+        raise ConfigError(f"config file {path} not found: pass --config PATH or create tidemark.yaml")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    return parse_config(data, str(path))
