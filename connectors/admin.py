@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import NewType
+from typing import NewType, Self
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
@@ -34,8 +34,8 @@ class RetentionLossError(TerminalError):
         detail = ", ".join(f"{t}[{p}] wanted {want} but the log starts at {first}"
                            for (t, p), (want, first) in sorted(self.losses.items()))
         super().__init__(
-            f"data lost to Kafka retention: {detail}. Nothing was skipped; to accept the loss and go on, "
-            "reset the pipeline's start (see docs/operations.md, 'retention loss')"
+            f"data lost to Kafka retention: {detail}. Nothing was skipped. To accept the loss, ingest under a "
+            "new pipeline name with `start: earliest` (docs/operations.md, 'Retention loss')"
         )
 
 
@@ -60,7 +60,7 @@ class KafkaAdmin:
     def close(self) -> None:
         self._consumer.close()
 
-    def __enter__(self) -> KafkaAdmin:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

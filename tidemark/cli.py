@@ -56,6 +56,72 @@ def cmd_stack_status(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- ingest and offsets ------------------------------------------------------------
+
+
+def _pipeline_context(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """(config, pipeline, bootstrap servers) for commands that act on one pipeline."""
+    from pathlib import Path
+
+    from tidemark.config import load_config
+
+    config = load_config(Path(args.config))
+    pipeline = config.pipeline(args.pipeline)
+    bootstrap = config.kafka.bootstrap_servers
+    if bootstrap is None:
+        from infra.stack import Stack
+
+        bootstrap = Stack(settings()).endpoints().kafka_bootstrap
+    return config, pipeline, bootstrap
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from infra.spark import build_session
+    from pipelines.ingest import IngestJob, stop_on_signals
+
+    config, pipeline, bootstrap = _pipeline_context(args)
+    spark = build_session(settings(), f"tidemark-ingest-{pipeline.name}")
+    try:
+        job = IngestJob(spark, config, pipeline, bootstrap)
+        report = job.follow(stop_on_signals()) if args.follow else job.run_bounded()
+    finally:
+        spark.stop()
+    print(f"{pipeline.name}: {len(report.batches)} batch(es), {report.rows} rows, "
+          f"{report.quarantined} quarantined -> {pipeline.target}")
+    return 0
+
+
+def cmd_offsets_show(args: argparse.Namespace) -> int:
+    from connectors.admin import KafkaAdmin
+    from connectors.kafka_config import librdkafka_config
+    from infra.spark import build_session
+    from offsets.ledger import Ledger
+
+    config, pipeline, bootstrap = _pipeline_context(args)
+    spark = build_session(settings(), "tidemark-offsets")
+    try:
+        intents = Ledger(spark, pipeline.ledger_path, pipeline.name).history()
+    finally:
+        spark.stop()
+    committed = intents[-1].ends() if intents else {}
+    with KafkaAdmin(librdkafka_config(config.kafka, bootstrap)) as admin:
+        topics = admin.topics_matching(pipeline.topics, pipeline.topic_pattern)
+        bounds = admin.bounds(admin.partitions(topics))
+    rows = []
+    for (topic, part), b in sorted(bounds.items()):
+        done = committed.get((topic, part))
+        lag = b.stable_end - done if done is not None else b.stable_end - b.log_start
+        rows.append((topic, str(part), "-" if done is None else str(done), str(b.stable_end), str(lag)))
+    print(_table(rows, ("topic", "partition", "next offset", "LSO", "lag (offsets)")))
+    print(f"\nbatches ({len(intents)} in ledger {pipeline.ledger_path}; last {args.last} shown):")
+    history = [(str(i.batch_id), i.planned_at.isoformat(), str(sum(r.span for r in i.ranges)),
+                " ".join(f"{r.topic}[{r.partition}]:{r.start}-{r.end}" for r in i.ranges if r.span))
+               for i in intents[-args.last:]]
+    print(_table(history, ("batch", "planned at", "offsets", "ranges")))
+    print("\nnote: the newest batch is committed once `tidemark ingest` has run past it (a crash replays it)")
+    return 0
+
+
 # -- demo ---------------------------------------------------------------------------
 
 
@@ -82,6 +148,21 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         p = stack_sub.add_parser(name, help=text)
         p.set_defaults(func=func)
+
+    ingest = sub.add_parser("ingest", help="ingest a pipeline's topics into its Delta table, exactly once")
+    ingest.add_argument("pipeline")
+    ingest.add_argument("--config", default="tidemark.yaml", help="config file (default ./tidemark.yaml)")
+    ingest.add_argument("--follow", action="store_true",
+                        help="keep ingesting micro-batches; SIGTERM finishes the batch in flight and exits")
+    ingest.set_defaults(func=cmd_ingest)
+
+    offsets = sub.add_parser("offsets", help="stored offsets of a pipeline")
+    offsets_sub = offsets.add_subparsers(dest="action", required=True, metavar="ACTION")
+    show = offsets_sub.add_parser("show", help="per partition: committed offset, LSO, lag; the batch history")
+    show.add_argument("pipeline")
+    show.add_argument("--config", default="tidemark.yaml")
+    show.add_argument("--last", type=int, default=10, help="how many batches of history to show")
+    show.set_defaults(func=cmd_offsets_show)
 
     demo = sub.add_parser("demo", help="run the end-to-end demo on the embedded stack")
     demo.add_argument("--keep", action="store_true", help="leave the stack running afterwards")
