@@ -59,6 +59,7 @@ def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: Pipelin
 
     if pipeline.format == "json":
         schema = StructType.fromDDL(pipeline.schema_ddl or "")
+        assert isinstance(schema, StructType)  # a column list always parses to a struct
         parse_schema = StructType([*schema.fields, StructField(_CORRUPT, StringType())])
         text = F.col("value").cast("string")
         parsed = stamped.withColumn("_parsed", F.from_json(
