@@ -98,8 +98,7 @@ class PipelineConfig(BaseModel):
     start: Literal["earliest", "latest"] | TimestampStart = "earliest"
     """Where a new pipeline (or a new partition) starts."""
     max_records_per_batch: Annotated[int, Field(ge=1)] = 500_000
-    max_bytes_per_batch: Annotated[int, Field(ge=1024)] | None = None
-    """Approximate cap, estimated from offsets times the average record size seen so far."""
+    """Cap on the offsets one batch spans (markers included, so records <= this)."""
     trigger_interval_seconds: Annotated[float, Field(gt=0)] = 10.0
     """``--follow``: time between micro-batches when caught up."""
 
@@ -161,8 +160,7 @@ def _where(loc: tuple[Any, ...]) -> tuple[str, str | None]:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in PipelineConfig.model_fields or part in TidemarkConfig.model_fields or part in (
-                "schema", "kafka", "security", "bootstrap_servers") or part in KafkaSecurity.model_fields:
+        elif re.fullmatch(r"[a-z_][a-z0-9_]*", str(part)):  # a field; tags look like `literal[...]`, `TimestampStart`
             out += f".{part}" if out else str(part)
             last = str(part)
     return out or "(top level)", last
