@@ -102,24 +102,27 @@ def test_bad_records_are_quarantined_and_offsets_advance(spark, kafka_bootstrap:
 
 
 def test_a_marker_only_range_costs_no_poll_timeout(spark, kafka_bootstrap: str, topic_factory,  # type: ignore[no-untyped-def]
-                                                   tmp_path: Path) -> None:
-    """A batch whose range holds only aborted records and markers ends at once, with no rows."""
+                                                   tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch whose range holds only aborted records and markers completes with no rows.
+
+    With a 5 s ``kafkaConsumer.pollTimeoutMs`` a reader that waits for records that never
+    come fails with a timeout instead of hanging for Spark's default 120 s, so this checks
+    the behaviour without timing anything.
+    """
+    import pipelines.ingest as ingest_module
+
+    real = ingest_module.spark_options
+    monkeypatch.setattr(ingest_module, "spark_options",
+                        lambda *a: {**real(*a), "kafkaConsumer.pollTimeoutMs": "5000"})
     topic = topic_factory("markers", partitions=1)
     producer = transactional_producer(kafka_bootstrap)
     write_transaction(producer, topic, [_json(i, "a") for i in range(5)], commit=False)
     write_transaction(producer, topic, [_json(i, "b") for i in range(5)], commit=False)
     config = _config(topic, tmp_path)
     pipeline = config.pipelines[0]
-    job = IngestJob(spark, config, pipeline, kafka_bootstrap)
-    import time
-
-    started = time.monotonic()
-    report = job.run_bounded()
-    elapsed = time.monotonic() - started
+    report = IngestJob(spark, config, pipeline, kafka_bootstrap).run_bounded()
     assert report.rows == 0 and len(report.batches) == 1
     assert report.batches[0].intent.ends() == {(topic, 0): 12}
-    # Spark's default kafkaConsumer.pollTimeoutMs is 120 s; a hang on the empty range would show here.
-    assert elapsed < 100, f"marker-only range took {elapsed:.0f}s: the reader waited for a poll timeout"
 
 
 def test_a_second_writer_cannot_claim_a_claimed_batch(spark, kafka_bootstrap: str, topic_factory,  # type: ignore[no-untyped-def]
