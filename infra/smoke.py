@@ -31,11 +31,11 @@ class Check:
     detail: str
 
 
-def _step(title: str) -> Callable[[float], None]:
+def _step(title: str) -> Callable[[], None]:
     print(f"  … {title}", flush=True)
     started = time.monotonic()
 
-    def done(_: float = 0) -> None:
+    def done() -> None:
         print(f"    done in {time.monotonic() - started:.1f}s", flush=True)
 
     return done
@@ -118,26 +118,26 @@ def run_demo(settings: Settings, *, keep: bool = False) -> int:
     print("Tidemark demo (smoke run of the local stack)")
     done = _step("starting the stack (Kafka KRaft, PostgreSQL)")
     endpoints = stack.up()
-    done(0)
+    done()
     topic = f"tidemark.smoke.{uuid.uuid4().hex[:8]}"
     checks: list[Check] = []
     try:
         done = _step(f"transactional writes to {topic}: {COMMITTED} committed, {ABORTED} aborted")
         checks += _kafka_checks(endpoints, topic)
-        done(0)
+        done()
         done = _step("Spark reads the topic and writes a Delta table twice with the same txnVersion")
         checks += _spark_checks(settings, endpoints, topic)
-        done(0)
+        done()
         done = _step("PostgreSQL logical decoding")
         checks += _postgres_checks(endpoints)
-        done(0)
+        done()
         admin = AdminClient({"bootstrap.servers": endpoints.kafka_bootstrap})
         admin.delete_topics([topic])[topic].result(30)
     finally:
         if not keep and not already_up:
             done = _step("stopping the stack")
             stack.down()
-            done(0)
+            done()
     width = max(len(c.name) for c in checks)
     print()
     for c in checks:
