@@ -61,29 +61,39 @@ class Intent:
     def is_empty(self) -> bool:
         return all(r.span == 0 for r in self.ranges)
 
-    def to_json(self) -> str:
-        """Compact form stored as the target commit's ``userMetadata``."""
-        return json.dumps({
+    def to_json(self, *, write: str | None = None) -> str:
+        """Compact form stored as a commit's ``userMetadata``; ``write`` tags one append attempt."""
+        meta: dict[str, object] = {
             "tidemark": 1, "pipeline": self.pipeline, "batch": self.batch_id,
             "offsets": {f"{r.topic}:{r.partition}": [r.start, r.end] for r in self.ranges if r.span},
-        }, separators=(",", ":"), sort_keys=True)
+        }
+        if write is not None:
+            meta["write"] = write
+        return json.dumps(meta, separators=(",", ":"), sort_keys=True)
 
     def row(self) -> tuple[object, ...]:
         return (self.pipeline, self.batch_id, self.writer, self.planned_at.replace(tzinfo=None),
                 [(r.topic, r.partition, r.start, r.end) for r in self.ranges])
 
 
-def batch_of_commit(user_metadata: str | None, pipeline: str) -> int | None:
-    """The batch id a target commit records for ``pipeline``, or None."""
+def commit_metadata(user_metadata: str | None, pipeline: str) -> dict[str, object] | None:
+    """Tidemark's metadata of a commit written for ``pipeline`` (``batch`` is an int), or None."""
     if not user_metadata:
         return None
     try:
         meta = json.loads(user_metadata)
     except ValueError:
         return None
-    if isinstance(meta, dict) and meta.get("tidemark") == 1 and meta.get("pipeline") == pipeline:
-        return int(meta["batch"])
+    if isinstance(meta, dict) and meta.get("tidemark") == 1 and meta.get("pipeline") == pipeline \
+            and isinstance(meta.get("batch"), int):
+        return meta
     return None
+
+
+def batch_of_commit(user_metadata: str | None, pipeline: str) -> int | None:
+    """The batch id a commit records for ``pipeline``, or None."""
+    meta = commit_metadata(user_metadata, pipeline)
+    return int(meta["batch"]) if meta else None  # type: ignore[call-overload]
 
 
 class Ledger:

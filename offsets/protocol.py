@@ -4,22 +4,25 @@ Delta commit, exactly once, whatever instant the process dies at.
 Steps of :meth:`CommitProtocol.run_batch`, in order (``N`` is the newest batch id in the
 ledger; docs/design.md has the table of every crash point between them):
 
-1. **Recover.** Read intent ``N`` from the ledger and the newest batch the target table
-   records (``userMetadata`` of its latest commits). If the target lacks ``N``, replay
-   it: re-read exactly its ranges and write them as in steps 4-5 with
-   ``txnVersion=N``. Replay is deterministic (same ranges, same ``planned_at``) and
-   Delta skips any write whose ``(txnAppId, txnVersion)`` it already holds.
+1. **Recover.** Read intent ``N`` from the ledger and the newest batch the target and the
+   quarantine record (``userMetadata`` of their latest commits). If the target lacks
+   ``N``, replay it (steps 4-5); if only the quarantine lacks it, redo step 5. Replay is
+   deterministic (same ranges, same ``planned_at``) and Delta skips any write whose
+   ``(txnAppId, txnVersion)`` it already holds.
 2. **Plan** ``N+1``: from ``N``'s end offsets (the start policy for partitions that are
    new), up to a snapshot of each partition's LSO, within the record cap.
    Nothing to read: stop.
 3. **Claim.** Append intent ``N+1`` to the ledger with ``txnAppId=<pipeline>``,
    ``txnVersion=N+1``, then re-read it: another writer's intent there means another run
    owns the pipeline (:class:`ConcurrentWriterError`); its batch is never written by us.
-4. **Quarantine.** Append the batch's bad records to the quarantine table with the
-   same ``(txnAppId, txnVersion)``.
-5. **Commit.** Append the good rows to the target with ``txnAppId=<pipeline>``,
-   ``txnVersion=N+1`` and the offsets as ``userMetadata``. This Delta commit is the
+4. **Commit.** Append the good rows to the target with ``txnAppId=<pipeline>``,
+   ``txnVersion=N+1`` and the offsets as ``userMetadata``, in one pass over Kafka that
+   also counts the bad records (a Spark ``Observation``). This Delta commit is the
    batch's commit point: rows and offsets become visible together or not at all.
+5. **Quarantine.** Append the batch's bad records to the quarantine table with the same
+   ``(txnAppId, txnVersion)`` — an empty commit when there are none, so the quarantine
+   table itself records that batch ``N+1`` is settled. Only a batch with bad records is
+   read from Kafka a second time.
 
 Only public delta-spark APIs are used: the ``txnAppId``/``txnVersion``/``userMetadata``
 writer options and ``DeltaTable.history``. ``txn`` actions survive log cleanup and
@@ -37,7 +40,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from connectors.admin import PartitionBounds
-from offsets.ledger import TP, Intent, Ledger, batch_of_commit, now_utc
+from offsets.ledger import TP, Intent, Ledger, commit_metadata, now_utc
 from offsets.planner import plan_ranges
 from tidemark.errors import TransientError
 
@@ -47,7 +50,10 @@ if TYPE_CHECKING:
 #: How many of the target's newest commits step 1 inspects for our batch id.
 HISTORY_WINDOW = 50
 
-CRASH_POINTS = ("recovered", "planned", "claimed", "quarantined", "committed")
+CRASH_POINTS = ("recovered", "planned", "claimed", "committed", "quarantined")
+
+#: Column of :attr:`BatchFrames.records` holding why a record is bad (null when it is good).
+ERROR_COLUMN = "_tidemark_error"
 
 
 def _delta_conflicts() -> tuple[type[BaseException], ...]:
@@ -66,10 +72,17 @@ class ConcurrentWriterError(TransientError):
 
 @dataclass(frozen=True)
 class BatchFrames:
-    """What a batch writes: good rows for the target, bad records for quarantine."""
+    """What a batch writes, from one read of its ranges.
 
-    good: DataFrame
-    bad: DataFrame
+    ``records`` is every record of the batch with :data:`ERROR_COLUMN`; ``good`` and
+    ``bad`` project any frame of that shape to target rows and quarantine rows. Keeping
+    the projections separate lets step 4 count bad records in the same pass that writes
+    the good ones.
+    """
+
+    records: DataFrame
+    good: Callable[[DataFrame], DataFrame]
+    bad: Callable[[DataFrame], DataFrame]
 
 
 @dataclass(frozen=True)
@@ -77,7 +90,9 @@ class BatchResult:
     intent: Intent
     replayed: bool
     rows: int
+    """Rows this run appended to the target (0 when Delta found the batch already there)."""
     quarantined: int
+    """Records this run appended to quarantine."""
 
 
 #: Builds a batch's frames from its intent; must be deterministic in the intent.
@@ -104,53 +119,94 @@ class CommitProtocol:
         self.partition_by = partition_by
         self.writer_id = uuid.uuid4().hex
 
-    # -- step 1 -------------------------------------------------------------------
+    # -- what the tables record -------------------------------------------------------
 
-    def committed_batch(self) -> int | None:
-        """Newest batch id the target table records for this pipeline, if any is in reach."""
+    def _recent_commits(self, path: str) -> list[dict[str, object]]:
+        """Tidemark metadata of this pipeline's commits among the table's newest ones, newest first."""
         from delta.tables import DeltaTable
 
-        if not DeltaTable.isDeltaTable(self.spark, self.target):
-            return None
-        for commit in DeltaTable.forPath(self.spark, self.target).history(HISTORY_WINDOW).collect():
-            batch = batch_of_commit(commit.userMetadata, self.pipeline)
-            if batch is not None:
-                return batch
-        return None
+        if not DeltaTable.isDeltaTable(self.spark, path):
+            return []
+        found = []
+        for commit in DeltaTable.forPath(self.spark, path).history(HISTORY_WINDOW).select("userMetadata").collect():
+            meta = commit_metadata(commit.userMetadata, self.pipeline)
+            if meta is not None:
+                found.append(meta)
+        return found
+
+    def committed_batch(self, path: str | None = None) -> int | None:
+        """Newest batch id a table (default: the target) records for this pipeline, if in reach."""
+        commits = self._recent_commits(path or self.target)
+        return int(commits[0]["batch"]) if commits else None  # type: ignore[call-overload]
+
+    def _landed(self, path: str, intent: Intent, token: str) -> bool:
+        """Did the append tagged ``token`` commit, or did Delta skip it (batch already there)?"""
+        return any(m["batch"] == intent.batch_id and m.get("write") == token for m in self._recent_commits(path))
+
+    # -- step 1 -------------------------------------------------------------------
 
     def recover(self) -> tuple[Intent | None, BatchResult | None]:
         last = self.ledger.last()
         if last is None:
             return None, None
         committed = self.committed_batch()
-        if committed is not None and committed >= last.batch_id:
-            return last, None
-        return last, self._write(last, replayed=True)
+        if committed is None or committed < last.batch_id:
+            return last, self._write(last, replayed=True)
+        settled = self.committed_batch(self.quarantine)
+        if settled is None or settled < last.batch_id:
+            quarantined = self._quarantine(last, self.build_frames(last), bad_count=None)
+            return last, BatchResult(last, True, 0, quarantined)
+        return last, None
 
     # -- steps 4 and 5 --------------------------------------------------------------
 
     def _write(self, intent: Intent, *, replayed: bool) -> BatchResult:
-        frames = self.build_frames(intent)
-        good = frames.good.persist()
-        try:
-            bad_count = frames.bad.count()
-            if bad_count:
-                self._append(frames.bad, self.quarantine, intent, partition_by=())
-            _crash_point("quarantined")
-            rows = good.count()
-            # Always commit, even with no rows: the commit carries the offsets.
-            self._append(good, self.target, intent, partition_by=self.partition_by)
-        finally:
-            good.unpersist()
-        return BatchResult(intent, replayed, rows, bad_count)
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
 
-    def _append(self, df: DataFrame, path: str, intent: Intent, *, partition_by: tuple[str, ...]) -> None:
+        frames = self.build_frames(intent)
+        seen = Observation(f"tidemark-{self.pipeline}-{intent.batch_id}-{uuid.uuid4().hex[:8]}")
+        counted = frames.records.observe(
+            seen, F.count(F.lit(1)).alias("records"), F.count(F.col(ERROR_COLUMN)).alias("bad"))
+        # Always commit, even with no rows: the commit carries the offsets.
+        landed = self._append(frames.good(counted), self.target, intent, partition_by=self.partition_by)
+        # A skipped append runs no job, so its observation would never complete.
+        stats = seen.get if landed else None
+        _crash_point("committed")
+        bad = int(stats["bad"]) if stats else None
+        quarantined = self._quarantine(intent, frames, bad_count=bad)
+        rows = int(stats["records"]) - int(stats["bad"]) if stats else 0
+        return BatchResult(intent, replayed, rows, quarantined)
+
+    def _quarantine(self, intent: Intent, frames: BatchFrames, *, bad_count: int | None) -> int:
+        """Step 5; ``bad_count`` None means unknown (a recovery), so the records are read again."""
+        bad = frames.bad(frames.records)
+        if bad_count is None:
+            bad = bad.persist()
+            bad_count = bad.count()
+        try:
+            # With nothing to quarantine, `limit(0)` commits an empty append without reading Kafka.
+            landed = self._append(bad if bad_count else bad.limit(0), self.quarantine, intent, partition_by=())
+        finally:
+            bad.unpersist()
+        return bad_count if landed else 0
+
+    def _append(self, df: DataFrame, path: str, intent: Intent, *, partition_by: tuple[str, ...]) -> bool:
+        """Append with the batch's txn; True if this append committed, False if the batch was there."""
+        token = uuid.uuid4().hex
         writer = (df.write.format("delta").mode("append")
                   .option("txnAppId", self.pipeline).option("txnVersion", intent.batch_id)
-                  .option("userMetadata", intent.to_json()))
+                  .option("userMetadata", intent.to_json(write=token)))
         if partition_by:
             writer = writer.partitionBy(*partition_by)
-        writer.save(path)
+        try:
+            writer.save(path)
+        except _DELTA_CONFLICTS:
+            # A rival run committed the same batch (identical rows) first.
+            if not any(m["batch"] == intent.batch_id for m in self._recent_commits(path)):
+                raise
+            return False
+        return self._landed(path, intent, token)
 
     # -- the whole batch ------------------------------------------------------------
 
@@ -186,7 +242,7 @@ class CommitProtocol:
                 f"(writer {claimed.writer[:8] if claimed else '?'}); only one ingest per pipeline may run")
         _crash_point("claimed")
 
-        # Steps 4 and 5. Quarantine, then commit rows and offsets together.
+        # Steps 4 and 5. Commit rows and offsets together, then settle the quarantine.
         result = self._write(claimed, replayed=False)
-        _crash_point("committed")
+        _crash_point("quarantined")
         return replay, result

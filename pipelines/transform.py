@@ -12,11 +12,11 @@ import json
 from typing import TYPE_CHECKING
 
 from offsets.ledger import Intent
-from offsets.protocol import BatchFrames
+from offsets.protocol import ERROR_COLUMN, BatchFrames
 from tidemark.config import PipelineConfig
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 _CORRUPT = "_tidemark_corrupt"
 
@@ -69,10 +69,10 @@ def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: Pipelin
                  .when(F.col("_parsed").isNull(), F.lit("value is not a JSON object"))
                  .when(F.col(f"_parsed.{_CORRUPT}").isNotNull(),
                        F.lit(f"value does not parse as JSON matching the schema: {pipeline.schema_ddl}")))
-        checked = parsed.withColumn("_error", error)
+        checked = parsed.withColumn(ERROR_COLUMN, error)
         payload = [F.col(f"_parsed.`{f.name}`").alias(f.name) for f in schema.fields]
     else:
-        checked = stamped.withColumn("_error", F.when(F.col("value").isNull(), F.lit("tombstone: null value")))
+        checked = stamped.withColumn(ERROR_COLUMN, F.when(F.col("value").isNull(), F.lit("tombstone: null value")))
         payload = [F.col("value")]
 
     lineage = {
@@ -84,10 +84,13 @@ def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: Pipelin
         "headers": F.col("headers").alias("_kafka_headers"),
         "batch_id": F.col("_batch_id").alias("_tidemark_batch_id"),
     }
-    good = checked.where(F.col("_error").isNull()).select(
-        *payload, *(lineage[c] for c in pipeline.lineage), F.col("_ingested_at").alias("_tidemark_ingested_at"))
-    bad = checked.where(F.col("_error").isNotNull()).select(
+    good_columns = [*payload, *(lineage[c] for c in pipeline.lineage), F.col("_ingested_at").alias("_tidemark_ingested_at")]
+    bad_columns: list[Column | str] = [
         F.lit(pipeline.name).alias("pipeline"), F.col("_batch_id").alias("batch_id"), "topic", "partition",
         "offset", F.col("timestamp").alias("kafka_timestamp"), "key", "value", "headers",
-        F.col("_error").alias("error"), F.col("_ingested_at").alias("ingested_at"))
-    return BatchFrames(good=good, bad=bad)
+        F.col(ERROR_COLUMN).alias("error"), F.col("_ingested_at").alias("ingested_at")]
+    return BatchFrames(
+        records=checked,
+        good=lambda df: df.where(F.col(ERROR_COLUMN).isNull()).select(*good_columns),
+        bad=lambda df: df.where(F.col(ERROR_COLUMN).isNotNull()).select(*bad_columns),
+    )
