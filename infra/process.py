@@ -49,6 +49,16 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def free_port_block(size: int, start: int = 29092) -> int:
+    """The first port ``p`` from ``start`` such that ``p .. p+size-1`` are all free."""
+    port = start
+    while port < 60000:
+        if all(port_is_free(q) for q in range(port, port + size)):
+            return port
+        port += size
+    raise RuntimeError("no block of free ports on 127.0.0.1")
+
+
 def java_executable() -> str:
     java_home = os.environ.get("JAVA_HOME")
     candidate = Path(java_home) / "bin" / "java" if java_home else None

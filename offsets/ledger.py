@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from offsets.tables import delta_table_exists
 from tidemark.errors import TerminalError
 
 if TYPE_CHECKING:
@@ -72,7 +73,8 @@ class Intent:
         return json.dumps(meta, separators=(",", ":"), sort_keys=True)
 
     def row(self) -> tuple[object, ...]:
-        return (self.pipeline, self.batch_id, self.writer, self.planned_at.replace(tzinfo=None),
+        # An aware datetime is stored as its instant; a naive one would be read as local time.
+        return (self.pipeline, self.batch_id, self.writer, self.planned_at,
                 [(r.topic, r.partition, r.start, r.end) for r in self.ranges])
 
 
@@ -103,9 +105,7 @@ class Ledger:
         self.pipeline = pipeline
 
     def _exists(self) -> bool:
-        from delta.tables import DeltaTable
-
-        return bool(DeltaTable.isDeltaTable(self.spark, self.path))
+        return delta_table_exists(self.spark, self.path)
 
     def _rows(self, where: str):  # type: ignore[no-untyped-def]
         from pyspark.sql import functions as F
@@ -143,19 +143,23 @@ class Ledger:
         return [
             Intent(
                 pipeline=row.pipeline, batch_id=int(row.batch_id), writer=row.writer,
-                planned_at=row.planned_at.replace(tzinfo=UTC),
+                planned_at=row.planned_at.astimezone(UTC),  # PySpark returns local naive time
                 ranges=tuple(sorted(Range(r.topic, int(r.partition), int(r.start_offset), int(r.end_offset))
                                     for r in row.ranges)),
             )
             for row in rows
         ]
 
-    def append(self, intent: Intent) -> None:
-        """Append ``intent``; Delta skips it if this pipeline already claimed that batch id."""
+    def append(self, intent: Intent, *, write: str | None = None) -> None:
+        """Append ``intent``; Delta skips it if this pipeline already claimed that batch id.
+
+        ``write`` tags the commit's metadata, so the caller can tell its own commit from a
+        skip by reading history instead of the ledger's data.
+        """
         df = self.spark.createDataFrame([intent.row()], LEDGER_SCHEMA)
         (df.coalesce(1).write.format("delta").mode("append")
          .option("txnAppId", self.pipeline).option("txnVersion", intent.batch_id)
-         .option("userMetadata", intent.to_json())
+         .option("userMetadata", intent.to_json(write=write))
          .save(self.path))
 
 

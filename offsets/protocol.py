@@ -42,12 +42,14 @@ from typing import TYPE_CHECKING
 from connectors.admin import PartitionBounds
 from offsets.ledger import TP, Intent, Ledger, commit_metadata, now_utc
 from offsets.planner import plan_ranges
+from offsets.tables import delta_table_exists
 from tidemark.errors import TransientError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-#: How many of the target's newest commits step 1 inspects for our batch id.
+#: How many of a table's newest commits are searched for our batch id: a few first, then more.
+SHORT_WINDOW = 4
 HISTORY_WINDOW = 50
 
 CRASH_POINTS = ("recovered", "planned", "claimed", "committed", "quarantined")
@@ -118,45 +120,64 @@ class CommitProtocol:
         self.build_frames = build_frames
         self.partition_by = partition_by
         self.writer_id = uuid.uuid4().hex
+        self._settled: Intent | None = None
+        """The newest batch this process knows is committed and settled (skips step 1's reads)."""
 
     # -- what the tables record -------------------------------------------------------
 
-    def _recent_commits(self, path: str) -> list[dict[str, object]]:
-        """Tidemark metadata of this pipeline's commits among the table's newest ones, newest first."""
+    def _recent_commits(self, path: str, window: int) -> tuple[list[dict[str, object]], int]:
+        """Our metadata among the table's newest ``window`` commits (newest first), and how many were read."""
         from delta.tables import DeltaTable
 
-        if not DeltaTable.isDeltaTable(self.spark, path):
-            return []
-        found = []
-        for commit in DeltaTable.forPath(self.spark, path).history(HISTORY_WINDOW).select("userMetadata").collect():
-            meta = commit_metadata(commit.userMetadata, self.pipeline)
-            if meta is not None:
-                found.append(meta)
-        return found
+        if not delta_table_exists(self.spark, path):
+            return [], 0
+        commits = DeltaTable.forPath(self.spark, path).history(window).select("userMetadata").collect()
+        found = [m for m in (commit_metadata(c.userMetadata, self.pipeline) for c in commits) if m is not None]
+        return found, len(commits)
+
+    def _find_commit(self, path: str, match: Callable[[dict[str, object]], bool]) -> dict[str, object] | None:
+        """Newest of our commits ``match`` accepts: the last few commits first, then the whole window.
+
+        Reading history costs one log file per commit, and ours is nearly always the newest.
+        """
+        for window in (SHORT_WINDOW, HISTORY_WINDOW):
+            commits, read = self._recent_commits(path, window)
+            hit = next((m for m in commits if match(m)), None)
+            if hit is not None or read < window:
+                return hit
+        return None
 
     def committed_batch(self, path: str | None = None) -> int | None:
         """Newest batch id a table (default: the target) records for this pipeline, if in reach."""
-        commits = self._recent_commits(path or self.target)
-        return int(commits[0]["batch"]) if commits else None  # type: ignore[call-overload]
+        meta = self._find_commit(path or self.target, lambda m: True)
+        return int(meta["batch"]) if meta else None  # type: ignore[call-overload]
 
     def _landed(self, path: str, intent: Intent, token: str) -> bool:
         """Did the append tagged ``token`` commit, or did Delta skip it (batch already there)?"""
-        return any(m["batch"] == intent.batch_id and m.get("write") == token for m in self._recent_commits(path))
+        return self._find_commit(path, lambda m: m["batch"] == intent.batch_id and m.get("write") == token) is not None
 
     # -- step 1 -------------------------------------------------------------------
 
     def recover(self) -> tuple[Intent | None, BatchResult | None]:
+        if self._settled is not None:
+            # This process committed and settled it; a rival since then cannot hold
+            # the next claim without step 3 noticing.
+            return self._settled, None
         last = self.ledger.last()
         if last is None:
             return None, None
         committed = self.committed_batch()
         if committed is None or committed < last.batch_id:
-            return last, self._write(last, replayed=True)
-        settled = self.committed_batch(self.quarantine)
-        if settled is None or settled < last.batch_id:
+            result = self._write(last, replayed=True)
+        else:
+            settled = self.committed_batch(self.quarantine)
+            if settled is not None and settled >= last.batch_id:
+                self._settled = last
+                return last, None
             quarantined = self._quarantine(last, self.build_frames(last), bad_count=None)
-            return last, BatchResult(last, True, 0, quarantined)
-        return last, None
+            result = BatchResult(last, True, 0, quarantined)
+        self._settled = last
+        return last, result
 
     # -- steps 4 and 5 --------------------------------------------------------------
 
@@ -203,7 +224,7 @@ class CommitProtocol:
             writer.save(path)
         except _DELTA_CONFLICTS:
             # A rival run committed the same batch (identical rows) first.
-            if not any(m["batch"] == intent.batch_id for m in self._recent_commits(path)):
+            if self._find_commit(path, lambda m: m["batch"] == intent.batch_id) is None:
                 raise
             return False
         return self._landed(path, intent, token)
@@ -231,18 +252,20 @@ class CommitProtocol:
         _crash_point("planned")
 
         # Step 3. Claim N+1, then confirm the claim is ours.
+        token = uuid.uuid4().hex
         try:
-            self.ledger.append(intent)
+            self.ledger.append(intent, write=token)
         except _DELTA_CONFLICTS:
-            pass  # a rival committed first; the re-read below says who owns N+1
-        claimed = self.ledger.get(next_id)
-        if claimed is None or claimed.writer != self.writer_id:
+            pass  # a rival committed first; the check below says who owns N+1
+        if not self._landed(self.ledger.path, intent, token):
+            claimed = self.ledger.get(next_id)
             raise ConcurrentWriterError(
                 f"pipeline {self.pipeline!r}: batch {next_id} was claimed by another run "
                 f"(writer {claimed.writer[:8] if claimed else '?'}); only one ingest per pipeline may run")
         _crash_point("claimed")
 
         # Steps 4 and 5. Commit rows and offsets together, then settle the quarantine.
-        result = self._write(claimed, replayed=False)
+        result = self._write(intent, replayed=False)
+        self._settled = intent
         _crash_point("quarantined")
         return replay, result

@@ -55,7 +55,7 @@ def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: Pipelin
 
     raw = read_ranges(spark, kafka_options, intent)
     stamped = raw.withColumn("_batch_id", F.lit(intent.batch_id).cast("bigint")).withColumn(
-        "_ingested_at", F.lit(intent.planned_at.replace(tzinfo=None)).cast("timestamp"))
+        "_ingested_at", F.lit(intent.planned_at).cast("timestamp"))  # aware: the instant, whatever the local zone
 
     if pipeline.format == "json":
         schema = StructType.fromDDL(pipeline.schema_ddl or "")

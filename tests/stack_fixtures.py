@@ -18,7 +18,7 @@ from pathlib import Path
 from infra import jars as jar_cache
 from infra.kafka import EmbeddedKafka
 from infra.postgres import EmbeddedPostgres
-from infra.process import port_is_free
+from infra.process import free_port_block
 from tidemark.settings import Settings
 
 
@@ -33,16 +33,6 @@ def docker_engine_answers() -> bool:
         return True
     except Exception:  # noqa: BLE001  (no engine, no socket, no permission: all mean "not available")
         return False
-
-
-def free_port_block(size: int, start: int = 29092) -> int:
-    """The first port ``p`` from ``start`` such that ``p .. p+size-1`` are all free."""
-    port = start
-    while port < 60000:
-        if all(port_is_free(p) for p in range(port, port + size)):
-            return port
-        port += size
-    raise RuntimeError("no block of free ports on 127.0.0.1")
 
 
 @contextmanager

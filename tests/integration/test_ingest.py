@@ -147,6 +147,6 @@ def test_a_second_writer_cannot_claim_a_claimed_batch(spark, kafka_bootstrap: st
     a.protocol.recover = lambda: (None, None)  # type: ignore[method-assign]
     with pytest.raises(ConcurrentWriterError):
         a.protocol.run_batch(bounds, lambda tps: {tp: 0 for tp in tps}, 100)
-    from delta.tables import DeltaTable
+    from offsets.tables import delta_table_exists
 
-    assert not DeltaTable.isDeltaTable(spark, pipeline.target)
+    assert not delta_table_exists(spark, pipeline.target)

@@ -1,62 +1,99 @@
-"""SIGKILL the ingest process at every named step of the commit protocol, then restart it.
+"""SIGKILL `tidemark ingest` while a producer writes, then restart it; nothing lost, nothing twice.
 
-After each crash and restart the table must hold exactly the read_committed records of
-the topic: nothing missing, nothing twice. The crash is real (the process kills itself
-with SIGKILL at the step, exit status -9 is asserted), and so are Kafka, Spark and Delta.
+Two harnesses, both against a real broker, Spark and Delta, with a background producer
+writing transactions of which about one in five aborts:
+
+* at every named step of the commit protocol (the process SIGKILLs itself there, exit
+  status -9 is asserted), then a clean restart;
+* at 20 random instants of `ingest --follow` runs, killing the whole process group (the
+  Python driver and its JVM, as a lost container would be).
+
+After the producer stops and a final clean run, the table's (topic, partition, offset)
+set must equal the read_committed content of the topic.
 """
 
 from __future__ import annotations
 
-import json
 import os
+import random
+import signal
 import subprocess
-import sys
+import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from offsets.protocol import CRASH_POINTS
-from tests.kafka_helpers import read_all, transactional_producer, write_transaction
+from tests.ingest_harness import (
+    BackgroundProducer,
+    Pipeline,
+    assert_exactly_once,
+    ingest_argv,
+    process_env,
+    run_ingest,
+    target_commits_per_batch,
+)
 
 pytestmark = pytest.mark.slow
 
-
-def _ingest(config: Path, crash_at: str | None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "TIDEMARK_CRASH_AT"}
-    if crash_at:
-        env["TIDEMARK_CRASH_AT"] = crash_at
-    return subprocess.run([sys.executable, "-m", "tidemark.cli", "ingest", "orders", "--config", str(config)],
-                          env=env, capture_output=True, text=True, timeout=600, check=False)
+RANDOM_KILLS = 20
 
 
+@pytest.mark.timeout(1800)
 def test_exactly_once_after_sigkill_at_every_step(spark, kafka_bootstrap: str, topic_factory,  # type: ignore[no-untyped-def]
                                                   tmp_path: Path) -> None:
     topic = topic_factory("crash", partitions=3)
-    target = tmp_path / "orders"
-    config = tmp_path / "tidemark.yaml"
-    config.write_text(yaml.safe_dump({
-        "kafka": {"bootstrap_servers": kafka_bootstrap},
-        "pipelines": [{"name": "orders", "topics": [topic], "target": str(target),
-                       "schema": "id INT, note STRING", "max_records_per_batch": 40}],
-    }))
-    producer = transactional_producer(kafka_bootstrap)
-    serial = 0
-    for point in CRASH_POINTS:
-        for t in range(5):  # one transaction in five aborts
-            values = [json.dumps({"id": serial + i, "note": point}).encode() for i in range(12)]
-            write_transaction(producer, topic, values, commit=t != 2)
-            serial += 12
-        crashed = _ingest(config, point)
-        assert crashed.returncode == -9, f"no crash at {point}: {crashed.stderr[-2000:]}"
-        restarted = _ingest(config, None)
-        assert restarted.returncode == 0, restarted.stderr[-2000:]
+    p = Pipeline.create(spark, kafka_bootstrap, topic, tmp_path, max_records_per_batch=400)
+    target, config = p.target, p.config
+    producer = BackgroundProducer(kafka_bootstrap, topic, pause=0.1)
+    producer.start()
+    try:
+        for point in CRASH_POINTS:
+            crashed = run_ingest(config, point)
+            assert crashed.returncode == -9, f"no crash at {point}: {crashed.stderr[-2000:]}"
+            restarted = run_ingest(config)
+            assert restarted.returncode == 0, restarted.stderr[-2000:]
+    finally:
+        producer.stop()
+    assert run_ingest(config).returncode == 0
+    assert assert_exactly_once(spark, str(target), kafka_bootstrap, [topic]) > 0
+    assert max(target_commits_per_batch(spark, str(target)).values()) == 1
 
-    rows = spark.read.format("delta").load(str(target)).select(
-        "_kafka_topic", "_kafka_partition", "_kafka_offset", "id").collect()
-    in_table = sorted((r[0], r[1], r[2]) for r in rows)
-    in_kafka = sorted((topic, r.partition, r.offset) for r in read_all(kafka_bootstrap, topic))
-    assert len(in_table) == len(set(in_table)), "a record was written twice"
-    assert in_table == in_kafka
-    assert len(in_kafka) == len(CRASH_POINTS) * 4 * 12
-    assert len({r.id for r in rows}) == len(rows)
+
+@pytest.mark.timeout(1800)
+def test_exactly_once_after_sigkill_at_random_instants(spark, kafka_bootstrap: str, topic_factory,  # type: ignore[no-untyped-def]
+                                                       tmp_path: Path) -> None:
+    topic = topic_factory("chaos", partitions=4)
+    p = Pipeline.create(spark, kafka_bootstrap, topic, tmp_path, max_records_per_batch=1500, trigger_interval_seconds=0.5)
+    target, config, ledger = p.target, p.config, p.ledger
+    chooser = random.Random(20261122)
+    producer = BackgroundProducer(kafka_bootstrap, topic, pause=0.1)
+    producer.start()
+    replays = 0
+    batches_seen = []
+    try:
+        for kill in range(RANDOM_KILLS):
+            # JVM start-up takes 5-20 s here; instants up to 35 s land in every phase of a batch.
+            delay = chooser.uniform(4, 35)
+            log = tmp_path / f"kill-{kill}.log"
+            with log.open("w") as sink:
+                proc = subprocess.Popen(ingest_argv(config, "--follow"), env=process_env(), start_new_session=True,
+                                        stdout=sink, stderr=subprocess.STDOUT)
+                time.sleep(delay)
+                assert proc.poll() is None, f"kill {kill}: ingest exited early: {log.read_text()[-2000:]}"
+                os.killpg(proc.pid, signal.SIGKILL)
+                assert proc.wait(60) == -9
+            replays += log.read_text().count("replayed batch")
+            last = ledger.last()
+            batches_seen.append(last.batch_id if last else 0)
+    finally:
+        producer.stop()
+
+    final = run_ingest(config)
+    assert final.returncode == 0, final.stderr[-2000:]
+    records = assert_exactly_once(spark, str(target), kafka_bootstrap, [topic])
+    assert max(target_commits_per_batch(spark, str(target)).values()) == 1
+    # The kills must have hit a running pipeline, not only JVM start-ups.
+    assert batches_seen[-1] >= RANDOM_KILLS, batches_seen
+    print(f"\n{RANDOM_KILLS} kills; ledger batch id after each: {batches_seen}; replays logged: {replays}; "
+          f"{records} records; producer: {producer.committed} committed / {producer.aborted} aborted transactions")

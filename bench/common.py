@@ -1,0 +1,82 @@
+"""What every benchmark needs: the machine it ran on, a throwaway broker, one report format.
+
+Benchmarks compare contenders side by side in one run and report ratios; absolute
+seconds on a shared 2-core machine are noise. Each report names the command, the
+machine, the load average and the date, so a number in docs/benchmarks.md can be re-run.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shlex
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def machine() -> dict[str, str]:
+    model = "unknown"
+    try:
+        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    memory = "?"
+    try:
+        kb = int(next(line for line in Path("/proc/meminfo").read_text().splitlines()
+                      if line.startswith("MemTotal")).split()[1])
+        memory = f"{kb / 1024 / 1024:.0f} GiB"
+    except (OSError, StopIteration, ValueError):
+        pass
+    return {"nproc": str(os.cpu_count()), "cpu": model, "memory": memory,
+            "kernel": platform.release(), "python": platform.python_version()}
+
+
+def loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
+def header(title: str, load_before: str) -> list[str]:
+    """The lines every report starts with: what, when, how to re-run, on what."""
+    m = machine()
+    command = " ".join(shlex.quote(a) for a in [Path(sys.executable).name, "-m", *sys.argv])
+    return [
+        f"## {title} ({datetime.now(UTC):%Y-%m-%d %H:%M} UTC)",
+        "",
+        f"Command: `{command}`  ",
+        (f"Machine: {m['nproc']} cores ({m['cpu']}), {m['memory']} RAM, Linux {m['kernel']}, "
+        f"Python {m['python']}; load average before/after {load_before} / {loadavg()} "
+        "(shared machine: compare ratios, not absolute numbers)."),
+    ]
+
+
+@contextmanager
+def kafka_broker(bootstrap: str | None = None) -> Iterator[tuple[str, str]]:
+    """(bootstrap servers, broker version): ``bootstrap`` if given, else a fresh embedded broker."""
+    if bootstrap:
+        yield bootstrap, "external"
+        return
+    from infra import jars as jar_cache
+    from infra.kafka import EmbeddedKafka
+    from infra.process import free_port_block
+    from tidemark.settings import load_settings
+
+    settings = load_settings()
+    state = Path(tempfile.mkdtemp(prefix="tidemark-bench-"))
+    jars = jar_cache.resolve(settings.home_dir, "kafka")
+    cluster = EmbeddedKafka(state / "kafka", jars, port=free_port_block(2, start=39092), heap=settings.kafka.heap)
+    print(f"starting Kafka on {cluster.bootstrap_servers} (state {state}) ...", flush=True)
+    cluster.start()
+    try:
+        yield cluster.bootstrap_servers, cluster.version
+    finally:
+        cluster.stop()
