@@ -68,13 +68,17 @@ def produce(bootstrap: str, topic: str, records: int, *, value_bytes: int, txn_s
     return total
 
 
+#: Extra pipeline settings for Tidemark's runs (``--tidemark-cap``); empty means its defaults.
+TIDEMARK_OPTIONS: dict[str, Any] = {}
+
+
 def run_tidemark(spark: Any, bootstrap: str, topic: str, target: Path) -> tuple[int, int]:
     """(rows, batches) written by Tidemark's bounded ingest."""
     from pipelines.ingest import IngestJob
     from tidemark.config import parse_config
 
     config = parse_config({"kafka": {"bootstrap_servers": bootstrap}, "pipelines": [
-        {"name": "bench", "topics": [topic], "target": str(target), "schema": SCHEMA}]})
+        {"name": "bench", "topics": [topic], "target": str(target), "schema": SCHEMA, **TIDEMARK_OPTIONS}]})
     report = IngestJob(spark, config, config.pipelines[0], bootstrap).run_bounded()
     return report.rows, len(report.batches)
 
@@ -120,8 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--txn-size", type=int, default=1000, help="records per producer transaction")
     parser.add_argument("--reps", type=int, default=2, help="runs per contender, order alternating")
     parser.add_argument("--bootstrap", help="use this Kafka cluster instead of a fresh embedded broker")
+    parser.add_argument("--tidemark-cap", type=int, help="Tidemark's max_records_per_batch (default: its default)")
     parser.add_argument("--output", help="also write the markdown report to this file")
     args = parser.parse_args(argv)
+    if args.tidemark_cap:
+        TIDEMARK_OPTIONS["max_records_per_batch"] = args.tidemark_cap
 
     from infra.spark import build_session, versions
     from tidemark.settings import load_settings
@@ -179,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         f"driver memory {settings.spark.driver_memory}.  "),
         (f"Data: {args.records:,} JSON records of ~{args.value_bytes} B ({value_bytes / 1e6:.0f} MB) in "
         f"{PARTITIONS} partitions, transactions of {args.txn_size}; both parse with `from_json` into "
-        f"`{SCHEMA}` plus lineage columns; each run into a fresh table, verified exactly-once."),
+        f"`{SCHEMA}` plus lineage columns; each run into a fresh table, verified exactly-once. "
+        f"Tidemark pipeline options: {TIDEMARK_OPTIONS or 'defaults'}."),
         "",
         "| contender | median s | records/s | batches | all runs (s) |",
         "|---|---:|---:|---:|---|",

@@ -29,14 +29,14 @@ TP = tuple[str, int]
 class RetentionLossError(TerminalError):
     """Records we must read were deleted by Kafka retention before we read them."""
 
-    def __init__(self, losses: Mapping[TP, tuple[int, int]]) -> None:
+    DEFAULT_HINT = ("To accept the loss, ingest under a new pipeline name with `start: earliest` "
+                    "(docs/operations.md, 'Retention loss')")
+
+    def __init__(self, losses: Mapping[TP, tuple[int, int]], *, context: str = "", hint: str = DEFAULT_HINT) -> None:
         self.losses = dict(losses)
         detail = ", ".join(f"{t}[{p}] wanted {want} but the log starts at {first}"
                            for (t, p), (want, first) in sorted(self.losses.items()))
-        super().__init__(
-            f"data lost to Kafka retention: {detail}. Nothing was skipped. To accept the loss, ingest under a "
-            "new pipeline name with `start: earliest` (docs/operations.md, 'Retention loss')"
-        )
+        super().__init__(f"data lost to Kafka retention{context}: {detail}. Nothing was skipped. {hint}")
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,11 @@ ledger; docs/design.md has the table of every crash point between them):
    also counts the bad records (a Spark ``Observation``). This Delta commit is the
    batch's commit point: rows and offsets become visible together or not at all.
 5. **Quarantine.** Append the batch's bad records to the quarantine table with the same
-   ``(txnAppId, txnVersion)`` — an empty commit when there are none, so the quarantine
-   table itself records that batch ``N+1`` is settled. Only a batch with bad records is
-   read from Kafka a second time.
+   ``(txnAppId, txnVersion)``. Only a batch with bad records is read from Kafka a
+   second time; a batch without any writes nothing here, and the run records its
+   newest batch as settled once at its end (:meth:`CommitProtocol.mark_settled`, an
+   empty append). After a crash between steps 4 and that record, step 1 re-reads the
+   newest batch once to count its bad records.
 
 Only public delta-spark APIs are used: the ``txnAppId``/``txnVersion``/``userMetadata``
 writer options and ``DeltaTable.history``. ``txn`` actions survive log cleanup and
@@ -36,7 +38,7 @@ import os
 import signal
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from connectors.admin import PartitionBounds
@@ -122,6 +124,8 @@ class CommitProtocol:
         self.writer_id = uuid.uuid4().hex
         self._settled: Intent | None = None
         """The newest batch this process knows is committed and settled (skips step 1's reads)."""
+        self._quarantine_marked = 0
+        """The newest batch id the quarantine table is known to record."""
 
     # -- what the tables record -------------------------------------------------------
 
@@ -170,10 +174,12 @@ class CommitProtocol:
         if committed is None or committed < last.batch_id:
             result = self._write(last, replayed=True)
         else:
-            settled = self.committed_batch(self.quarantine)
-            if settled is not None and settled >= last.batch_id:
+            marked = self.committed_batch(self.quarantine) or 0
+            self._quarantine_marked = marked
+            if marked >= last.batch_id:
                 self._settled = last
                 return last, None
+            # Committed, but step 5 is not recorded: count the batch's bad records again.
             quarantined = self._quarantine(last, self.build_frames(last), bad_count=None)
             result = BatchResult(last, True, 0, quarantined)
         self._settled = last
@@ -200,17 +206,36 @@ class CommitProtocol:
         return BatchResult(intent, replayed, rows, quarantined)
 
     def _quarantine(self, intent: Intent, frames: BatchFrames, *, bad_count: int | None) -> int:
-        """Step 5; ``bad_count`` None means unknown (a recovery), so the records are read again."""
+        """Step 5. ``bad_count`` None means unknown (a recovery): the batch is read again to count."""
+        if bad_count == 0:
+            return 0  # nothing to write; mark_settled() records the newest batch once per run
         bad = frames.bad(frames.records)
         if bad_count is None:
             bad = bad.persist()
-            bad_count = bad.count()
         try:
+            if bad_count is None:
+                bad_count = bad.count()
             # With nothing to quarantine, `limit(0)` commits an empty append without reading Kafka.
             landed = self._append(bad if bad_count else bad.limit(0), self.quarantine, intent, partition_by=())
         finally:
             bad.unpersist()
+        self._quarantine_marked = max(self._quarantine_marked, intent.batch_id)
         return bad_count if landed else 0
+
+    def mark_settled(self) -> None:
+        """Record in the quarantine table that the newest batch is settled, unless it already says so.
+
+        Batches without bad records skip step 5's append, so a run calls this once at its
+        end (and ``--follow`` when it goes idle): an empty quarantine append with the
+        batch's txn. Without it a restart would re-read the newest batch to count its bad
+        records — correct, but slower.
+        """
+        settled = self._settled
+        if settled is None or self._quarantine_marked >= settled.batch_id:
+            return
+        frames = self.build_frames(settled)
+        self._append(frames.bad(frames.records).limit(0), self.quarantine, settled, partition_by=())
+        self._quarantine_marked = settled.batch_id
 
     def _append(self, df: DataFrame, path: str, intent: Intent, *, partition_by: tuple[str, ...]) -> bool:
         """Append with the batch's txn; True if this append committed, False if the batch was there."""
@@ -251,16 +276,31 @@ class CommitProtocol:
             return replay, None
         _crash_point("planned")
 
-        # Step 3. Claim N+1, then confirm the claim is ours.
+        return replay, self._claim_and_write(intent)
+
+    def run_intent(self, planned: Intent) -> tuple[BatchResult | None, BatchResult | None]:
+        """Steps 1 and 3-5 for a batch planned elsewhere: a backfill of a stored batch's exact ranges.
+
+        The batch keeps its id (``txnVersion``), so ids must be fed in increasing order;
+        an id the target already holds is skipped, which makes a re-run resume.
+        """
+        last, replay = self.recover()
+        _crash_point("recovered")
+        if last is not None and planned.batch_id <= last.batch_id:
+            return replay, None
+        return replay, self._claim_and_write(replace(planned, writer=self.writer_id))
+
+    def _claim_and_write(self, intent: Intent) -> BatchResult:
+        # Step 3. Claim the batch, then confirm the claim is ours.
         token = uuid.uuid4().hex
         try:
             self.ledger.append(intent, write=token)
         except _DELTA_CONFLICTS:
-            pass  # a rival committed first; the check below says who owns N+1
+            pass  # a rival committed first; the check below says who owns the batch
         if not self._landed(self.ledger.path, intent, token):
-            claimed = self.ledger.get(next_id)
+            claimed = self.ledger.get(intent.batch_id)
             raise ConcurrentWriterError(
-                f"pipeline {self.pipeline!r}: batch {next_id} was claimed by another run "
+                f"pipeline {self.pipeline!r}: batch {intent.batch_id} was claimed by another run "
                 f"(writer {claimed.writer[:8] if claimed else '?'}); only one ingest per pipeline may run")
         _crash_point("claimed")
 
@@ -268,4 +308,4 @@ class CommitProtocol:
         result = self._write(intent, replayed=False)
         self._settled = intent
         _crash_point("quarantined")
-        return replay, result
+        return result

@@ -19,6 +19,7 @@ from connectors.kafka_config import librdkafka_config, spark_options
 from offsets.protocol import BatchResult, CommitProtocol
 from pipelines.transform import frames
 from tidemark.config import PipelineConfig, TidemarkConfig, TimestampStart
+from tidemark.errors import ConfigError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -40,8 +41,11 @@ class IngestReport:
 
 
 class IngestJob:
-    def __init__(self, spark: SparkSession, config: TidemarkConfig, pipeline: PipelineConfig, bootstrap: str) -> None:
+    def __init__(self, spark: SparkSession, config: TidemarkConfig, pipeline: PipelineConfig, bootstrap: str,
+                 *, start_offsets: Mapping[TP, int] | None = None) -> None:
         self.pipeline = pipeline
+        self.start_offsets = dict(start_offsets or {})
+        """Explicit start offsets of new partitions (a backfill), instead of the start policy."""
         self.client_config = librdkafka_config(config.kafka, bootstrap)
         options = spark_options(config.kafka, bootstrap)
         self.protocol = CommitProtocol(
@@ -57,6 +61,12 @@ class IngestJob:
             return admin.bounds(admin.partitions(topics))
 
     def _new_partition_starts(self, partitions: list[TP]) -> Mapping[TP, int]:
+        if self.start_offsets:
+            missing = sorted(tp for tp in partitions if tp not in self.start_offsets)
+            if missing:
+                raise ConfigError("no start offset given for partition(s) "
+                                  + ", ".join(f"{t}:{p}" for t, p in missing) + "; add them as TOPIC:PARTITION=OFFSET")
+            return {tp: self.start_offsets[tp] for tp in partitions}
         start = self.pipeline.start
         with KafkaAdmin(self.client_config) as admin:
             if isinstance(start, TimestampStart):
@@ -66,8 +76,13 @@ class IngestJob:
             return {tp: b.stable_end for tp, b in bounds.items()}
         return {tp: b.log_start for tp, b in bounds.items()}
 
-    def run_to(self, bounds: Mapping[TP, PartitionBounds], stop: threading.Event | None = None) -> IngestReport:
-        """Batches until every partition reaches ``bounds`` (a fixed LSO snapshot)."""
+    def run_to(self, bounds: Mapping[TP, PartitionBounds], stop: threading.Event | None = None, *,
+               settle: bool = True) -> IngestReport:
+        """Batches until every partition reaches ``bounds`` (a fixed LSO snapshot).
+
+        ``settle`` records the newest batch as settled at the end (see
+        :meth:`CommitProtocol.mark_settled`); ``--follow`` does that only when idle.
+        """
         report = IngestReport()
         while not (stop and stop.is_set()):
             replay, result = self.protocol.run_batch(
@@ -80,6 +95,8 @@ class IngestJob:
             log.info("batch %d committed: %d rows, %d quarantined",
                      result.intent.batch_id, result.rows, result.quarantined)
             report.batches.append(result)
+        if settle:
+            self.protocol.mark_settled()
         return report
 
     def run_bounded(self) -> IngestReport:
@@ -89,10 +106,12 @@ class IngestJob:
         """Micro-batches until ``stop`` is set; the batch in flight always finishes first."""
         report = IngestReport()
         while not stop.is_set():
-            step = self.run_to(self.snapshot(), stop)
+            step = self.run_to(self.snapshot(), stop, settle=False)
             report.batches += step.batches
             if not step.batches:
+                self.protocol.mark_settled()
                 stop.wait(self.pipeline.trigger_interval_seconds)
+        self.protocol.mark_settled()
         return report
 
 

@@ -91,6 +91,40 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_backfill(args: argparse.Namespace) -> int:
+    from infra.spark import build_session
+    from pipelines.backfill import Backfill, parse_batches, parse_offsets
+    from tidemark.config import TimestampStart
+    from tidemark.errors import ConfigError
+
+    config, pipeline, bootstrap = _pipeline_context(args)
+    # Validate the cheap things before a JVM starts.
+    batches = parse_batches(args.batches) if args.batches else None
+    offsets = parse_offsets(args.from_offsets) if args.from_offsets else None
+    when = None
+    if args.from_timestamp:
+        try:
+            when = TimestampStart(timestamp=args.from_timestamp).timestamp
+        except ValueError:
+            raise ConfigError(f"--from-timestamp {args.from_timestamp!r}: give ISO 8601 with a zone, "
+                              "e.g. 2026-01-31T00:00:00Z") from None
+    spark = build_session(settings(), f"tidemark-backfill-{pipeline.name}")
+    try:
+        backfill = Backfill(spark, config, pipeline, bootstrap, args.into)
+        if batches:
+            report = backfill.stored_batches(*batches)
+        elif offsets:
+            report = backfill.from_offsets(offsets)
+        else:
+            assert when is not None
+            report = backfill.from_timestamp(when)
+    finally:
+        spark.stop()
+    print(f"{pipeline.name} backfill: {len(report.batches)} batch(es), {report.rows} rows, "
+          f"{report.quarantined} quarantined -> {args.into}")
+    return 0
+
+
 def cmd_offsets_show(args: argparse.Namespace) -> int:
     from connectors.admin import KafkaAdmin
     from connectors.kafka_config import librdkafka_config
@@ -155,6 +189,19 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--follow", action="store_true",
                         help="keep ingesting micro-batches; SIGTERM finishes the batch in flight and exits")
     ingest.set_defaults(func=cmd_ingest)
+
+    backfill = sub.add_parser(
+        "backfill", help="re-read Kafka into another Delta table, exactly once (re-run to resume)",
+        description="Re-read stored batches' exact ranges, or everything from offsets or a time up to now, "
+                    "into a new Delta table. Stops with a clear error if retention deleted the records.")
+    backfill.add_argument("pipeline")
+    backfill.add_argument("--into", required=True, metavar="PATH", help="the Delta table to write (a new path)")
+    what = backfill.add_mutually_exclusive_group(required=True)
+    what.add_argument("--batches", metavar="FIRST[-LAST]", help="stored batches, e.g. 3-7 (see `offsets show`)")
+    what.add_argument("--from-offsets", metavar="SPEC", help="TOPIC:PARTITION=OFFSET,... for every partition")
+    what.add_argument("--from-timestamp", metavar="ISO8601", help="e.g. 2026-01-31T00:00:00Z")
+    backfill.add_argument("--config", default="tidemark.yaml", help="config file (default ./tidemark.yaml)")
+    backfill.set_defaults(func=cmd_backfill)
 
     offsets = sub.add_parser("offsets", help="stored offsets of a pipeline")
     offsets_sub = offsets.add_subparsers(dest="action", required=True, metavar="ACTION")

@@ -104,3 +104,17 @@ def test_sasl_needs_credentials_and_the_password_stays_secret() -> None:
 def test_duplicate_pipeline_names_are_refused() -> None:
     with pytest.raises(ConfigError, match="repeated: orders"):
         parse_config({"pipelines": [_pipeline(), _pipeline()]})
+
+
+def test_backfill_arguments_parse_or_say_what_to_write() -> None:
+    from pipelines.backfill import parse_batches, parse_offsets
+    from tidemark.errors import ConfigError
+
+    assert parse_batches("7") == (7, 7) and parse_batches("3-7") == (3, 7)
+    for bad in ("0", "7-3", "a", "3-x"):
+        with pytest.raises(ConfigError, match="--batches"):
+            parse_batches(bad)
+    assert parse_offsets("orders:0=120, my:topic:1=88") == {("orders", 0): 120, ("my:topic", 1): 88}
+    for bad in ("orders=1", "orders:x=1", "orders:0", ""):
+        with pytest.raises(ConfigError, match="TOPIC:PARTITION=OFFSET"):
+            parse_offsets(bad)
