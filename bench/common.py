@@ -48,7 +48,9 @@ def loadavg() -> str:
 def header(title: str, load_before: str) -> list[str]:
     """The lines every report starts with: what, when, how to re-run, on what."""
     m = machine()
-    command = " ".join(shlex.quote(a) for a in [Path(sys.executable).name, "-m", *sys.argv])
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    module = spec.name if spec is not None else sys.argv[0]
+    command = " ".join(shlex.quote(a) for a in [".venv/bin/python", "-m", module, *sys.argv[1:]])
     return [
         f"## {title} ({datetime.now(UTC):%Y-%m-%d %H:%M} UTC)",
         "",
