@@ -79,6 +79,18 @@ def _accepts(port: int) -> bool:
     return True
 
 
+def new_cluster_id() -> str:
+    """A KRaft cluster id: 16 random bytes, URL-safe base64, never starting with '-'.
+
+    An id like ``-abc...`` is read by the storage tool as an option (the run fails with
+    "expected one argument"); Kafka's own ``Uuid.randomUuid`` redraws such ids too.
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 class EmbeddedKafka:
     """Start, probe and stop the local KRaft cluster whose state lives in ``root``."""
 
@@ -145,7 +157,7 @@ class EmbeddedKafka:
     def _format(self) -> None:
         cluster_file = self.root / "cluster.id"
         if not cluster_file.exists():
-            cluster_file.write_text(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))
+            cluster_file.write_text(new_cluster_id())
         cluster_id = cluster_file.read_text().strip()
         for node in self.nodes:
             if (node.directory / "data" / "meta.properties").exists():

@@ -88,3 +88,11 @@ def test_missing_jars_say_how_to_fetch_them(tmp_path: Path) -> None:
 def test_jar_file_names_parse(file: str, artifact: str, version: str) -> None:
     m = jars._VERSIONED_JAR.match(file)
     assert m is not None and (m["artifact"], m["version"]) == (artifact, version)
+
+
+def test_kafka_cluster_ids_never_look_like_an_option() -> None:
+    from infra.kafka import new_cluster_id
+
+    ids = [new_cluster_id() for _ in range(5000)]  # about 78 would start with '-' without the redraw
+    assert not [i for i in ids if i.startswith("-")]
+    assert all(len(i) == 22 for i in ids) and len(set(ids)) == len(ids)
