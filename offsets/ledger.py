@@ -114,15 +114,34 @@ class Ledger:
         return df.where((F.col("pipeline") == self.pipeline) & F.expr(where))
 
     def last(self) -> Intent | None:
-        """The newest intent of this pipeline (data skipping keeps this cheap as the ledger grows)."""
+        """The newest intent of this pipeline, at a cost that does not grow with the ledger (R2).
+
+        The newest ledger commit names its batch in ``userMetadata``; the row is then found
+        by data skipping on ``batch_id``. Only if recent history lacks that (commits by
+        other tools, or log cleanup) is ``max(batch_id)`` computed by a scan.
+        """
         if not self._exists():
             return None
+        newest = self._newest_committed_batch()
+        if newest is not None:
+            found = self.get(newest)
+            if found is not None:
+                return found
         from pyspark.sql import functions as F
 
         top = self._rows("true").agg(F.max("batch_id")).first()
         if top is None or top[0] is None:
             return None
         return self.get(int(top[0]))
+
+    def _newest_committed_batch(self, window: int = 4) -> int | None:
+        from delta.tables import DeltaTable
+
+        for commit in DeltaTable.forPath(self.spark, self.path).history(window).select("userMetadata").collect():
+            batch = batch_of_commit(commit.userMetadata, self.pipeline)
+            if batch is not None:
+                return batch
+        return None
 
     def get(self, batch_id: int) -> Intent | None:
         found = self._intents(f"batch_id = {int(batch_id)}")
