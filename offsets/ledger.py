@@ -98,6 +98,21 @@ def batch_of_commit(user_metadata: str | None, pipeline: str) -> int | None:
     return int(meta["batch"]) if meta else None  # type: ignore[call-overload]
 
 
+def recent_commits(spark: SparkSession, path: str, pipeline: str,
+                   window: int) -> tuple[list[dict[str, object]], int]:
+    """``pipeline``'s metadata among a table's newest ``window`` commits (newest first), and how many were read.
+
+    Reads commit files only, never data, so it costs the same however large the table is.
+    """
+    from delta.tables import DeltaTable
+
+    if not delta_table_exists(spark, path):
+        return [], 0
+    commits = DeltaTable.forPath(spark, path).history(window).select("userMetadata").collect()
+    found = [m for m in (commit_metadata(c.userMetadata, pipeline) for c in commits) if m is not None]
+    return found, len(commits)
+
+
 class Ledger:
     def __init__(self, spark: SparkSession, path: str, pipeline: str) -> None:
         self.spark = spark
@@ -135,13 +150,8 @@ class Ledger:
         return self.get(int(top[0]))
 
     def _newest_committed_batch(self, window: int = 4) -> int | None:
-        from delta.tables import DeltaTable
-
-        for commit in DeltaTable.forPath(self.spark, self.path).history(window).select("userMetadata").collect():
-            batch = batch_of_commit(commit.userMetadata, self.pipeline)
-            if batch is not None:
-                return batch
-        return None
+        commits, _ = recent_commits(self.spark, self.path, self.pipeline, window)
+        return int(commits[0]["batch"]) if commits else None  # type: ignore[call-overload]
 
     def get(self, batch_id: int) -> Intent | None:
         found = self._intents(f"batch_id = {int(batch_id)}")

@@ -42,9 +42,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from connectors.admin import PartitionBounds
-from offsets.ledger import TP, Intent, Ledger, commit_metadata, now_utc
+from offsets.ledger import TP, Intent, Ledger, now_utc, recent_commits
 from offsets.planner import plan_ranges
-from offsets.tables import delta_table_exists
 from tidemark.errors import TransientError
 
 if TYPE_CHECKING:
@@ -129,23 +128,13 @@ class CommitProtocol:
 
     # -- what the tables record -------------------------------------------------------
 
-    def _recent_commits(self, path: str, window: int) -> tuple[list[dict[str, object]], int]:
-        """Our metadata among the table's newest ``window`` commits (newest first), and how many were read."""
-        from delta.tables import DeltaTable
-
-        if not delta_table_exists(self.spark, path):
-            return [], 0
-        commits = DeltaTable.forPath(self.spark, path).history(window).select("userMetadata").collect()
-        found = [m for m in (commit_metadata(c.userMetadata, self.pipeline) for c in commits) if m is not None]
-        return found, len(commits)
-
     def _find_commit(self, path: str, match: Callable[[dict[str, object]], bool]) -> dict[str, object] | None:
         """Newest of our commits ``match`` accepts: the last few commits first, then the whole window.
 
         Reading history costs one log file per commit, and ours is nearly always the newest.
         """
         for window in (SHORT_WINDOW, HISTORY_WINDOW):
-            commits, read = self._recent_commits(path, window)
+            commits, read = recent_commits(self.spark, path, self.pipeline, window)
             hit = next((m for m in commits if match(m)), None)
             if hit is not None or read < window:
                 return hit
