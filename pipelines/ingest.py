@@ -39,6 +39,9 @@ class IngestReport:
     def quarantined(self) -> int:
         return sum(b.quarantined for b in self.batches)
 
+    def summary(self) -> str:
+        return f"{len(self.batches)} batch(es), {self.rows} rows, {self.quarantined} quarantined"
+
 
 class IngestJob:
     def __init__(self, spark: SparkSession, config: TidemarkConfig, pipeline: PipelineConfig, bootstrap: str,

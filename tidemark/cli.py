@@ -86,8 +86,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         report = job.follow(stop_on_signals()) if args.follow else job.run_bounded()
     finally:
         spark.stop()
-    print(f"{pipeline.name}: {len(report.batches)} batch(es), {report.rows} rows, "
-          f"{report.quarantined} quarantined -> {pipeline.target}")
+    print(f"{pipeline.name}: {report.summary()} -> {pipeline.target}")
     return 0
 
 
@@ -120,8 +119,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
             report = backfill.from_timestamp(when)
     finally:
         spark.stop()
-    print(f"{pipeline.name} backfill: {len(report.batches)} batch(es), {report.rows} rows, "
-          f"{report.quarantined} quarantined -> {args.into}")
+    print(f"{pipeline.name} backfill: {report.summary()} -> {args.into}")
     return 0
 
 
