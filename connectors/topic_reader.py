@@ -24,6 +24,12 @@ class Record:
     offset: int
     key: bytes | None
     value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+def _headers(raw: object) -> tuple[tuple[str, bytes], ...]:
+    pairs = raw.items() if isinstance(raw, dict) else (raw or [])
+    return tuple((str(k), v.encode() if isinstance(v, str) else bytes(v or b"")) for k, v in pairs)  # type: ignore[attr-defined]
 
 
 def read_to_end(
@@ -60,7 +66,8 @@ def read_to_end(
                     pending.discard(msg.partition())
                     continue
                 raise ServiceUnavailableError(f"reading {topic}: {err}")
-            records.append(Record(topic, int(msg.partition() or 0), int(msg.offset() or 0), msg.key(), msg.value()))
+            records.append(Record(topic, int(msg.partition() or 0), int(msg.offset() or 0), msg.key(), msg.value(),
+                                  _headers(msg.headers())))
         return records
     finally:
         consumer.close()

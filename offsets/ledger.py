@@ -186,7 +186,7 @@ class Ledger:
         skip by reading history instead of the ledger's data.
         """
         df = self.spark.createDataFrame([intent.row()], LEDGER_SCHEMA)
-        (df.coalesce(1).write.format("delta").mode("append")
+        (df.write.format("delta").mode("append")
          .option("txnAppId", self.pipeline).option("txnVersion", intent.batch_id)
          .option("userMetadata", intent.to_json(write=write))
          .save(self.path))

@@ -21,14 +21,17 @@ ledger; docs/design.md has the table of every crash point between them):
    batch's commit point: rows and offsets become visible together or not at all.
 5. **Quarantine.** Append the batch's bad records to the quarantine table with the same
    ``(txnAppId, txnVersion)``. Only a batch with bad records is read from Kafka a
-   second time; a batch without any writes nothing here, and the run records its
-   newest batch as settled once at its end (:meth:`CommitProtocol.mark_settled`, an
-   empty append). After a crash between steps 4 and that record, step 1 re-reads the
-   newest batch once to count its bad records.
+   second time; a batch without any writes nothing there. Either way the batch is then
+   recorded as settled in a small marker file beside the ledger (``_tidemark_settled/``,
+   naming the exact intent). The marker is only a hint: without it, step 1 finds the
+   quarantine's record in its history, or else re-reads the newest batch once to count
+   its bad records — correct, only slower.
 
 Only public delta-spark APIs are used: the ``txnAppId``/``txnVersion``/``userMetadata``
-writer options and ``DeltaTable.history``. ``txn`` actions survive log cleanup and
-checkpoints, so the fence holds for the life of the table; the ledger (not commitInfo,
+writer options and ``DeltaTable.history``. Which append committed is told by a write
+token in ``userMetadata`` read back from history, or, for step 4, by the pass's
+``Observation`` having completed (a skipped append runs no job). ``txn`` actions
+survive log cleanup and checkpoints, so the fence holds for the life of the table; the ledger (not commitInfo,
 which log cleanup deletes) is the durable record of every batch's offsets.
 """
 
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -44,16 +48,20 @@ from typing import TYPE_CHECKING
 from connectors.admin import PartitionBounds
 from offsets.ledger import TP, Intent, Ledger, now_utc, recent_commits
 from offsets.planner import plan_ranges
+from offsets.tables import read_small_file, write_small_file
 from tidemark.errors import TransientError
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame, Observation, SparkSession
 
 #: How many of a table's newest commits are searched for our batch id: a few first, then more.
 SHORT_WINDOW = 4
 HISTORY_WINDOW = 50
 
 CRASH_POINTS = ("recovered", "planned", "claimed", "committed", "quarantined")
+
+#: How long step 4 waits for its Observation before asking history instead.
+OBSERVATION_WAIT_SECONDS = 2.0
 
 #: Column of :attr:`BatchFrames.records` holding why a record is bad (null when it is good).
 ERROR_COLUMN = "_tidemark_error"
@@ -102,6 +110,22 @@ class BatchResult:
 FrameBuilder = Callable[[Intent], BatchFrames]
 
 
+def _completes(observation: Observation, timeout: float) -> bool:
+    """Has ``observation``'s query run, waiting at most ``timeout``? False if it cannot tell.
+
+    Observations are filled by a listener after the job, so a short wait covers the lag.
+    """
+    future = getattr(getattr(observation, "_jo", None), "future", None)
+    if future is None:  # not a classic (py4j) session
+        return False
+    deadline = time.monotonic() + timeout
+    while not future().isCompleted():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
 def _crash_point(name: str) -> None:
     """Fault injection for the crash tests: SIGKILL ourselves at a named step."""
     if os.environ.get("TIDEMARK_CRASH_AT") == name:
@@ -123,8 +147,7 @@ class CommitProtocol:
         self.writer_id = uuid.uuid4().hex
         self._settled: Intent | None = None
         """The newest batch this process knows is committed and settled (skips step 1's reads)."""
-        self._quarantine_marked = 0
-        """The newest batch id the quarantine table is known to record."""
+        self.settled_marker = f"{ledger.rstrip('/')}/_tidemark_settled/{pipeline}.json"
 
     # -- what the tables record -------------------------------------------------------
 
@@ -162,16 +185,14 @@ class CommitProtocol:
         committed = self.committed_batch()
         if committed is None or committed < last.batch_id:
             result = self._write(last, replayed=True)
+        elif self._marked_settled(last) or (self.committed_batch(self.quarantine) or 0) >= last.batch_id:
+            self._settled = last
+            return last, None
         else:
-            marked = self.committed_batch(self.quarantine) or 0
-            self._quarantine_marked = marked
-            if marked >= last.batch_id:
-                self._settled = last
-                return last, None
             # Committed, but step 5 is not recorded: count the batch's bad records again.
             quarantined = self._quarantine(last, self.build_frames(last), bad_count=None)
             result = BatchResult(last, True, 0, quarantined)
-        self._settled = last
+        self._mark_settled(last)
         return last, result
 
     # -- steps 4 and 5 --------------------------------------------------------------
@@ -185,7 +206,8 @@ class CommitProtocol:
         counted = frames.records.observe(
             seen, F.count(F.lit(1)).alias("records"), F.count(F.col(ERROR_COLUMN)).alias("bad"))
         # Always commit, even with no rows: the commit carries the offsets.
-        landed = self._append(frames.good(counted), self.target, intent, partition_by=self.partition_by)
+        landed = self._append(frames.good(counted), self.target, intent, partition_by=self.partition_by,
+                              observation=seen)
         # A skipped append runs no job, so its observation would never complete.
         stats = seen.get if landed else None
         _crash_point("committed")
@@ -197,7 +219,7 @@ class CommitProtocol:
     def _quarantine(self, intent: Intent, frames: BatchFrames, *, bad_count: int | None) -> int:
         """Step 5. ``bad_count`` None means unknown (a recovery): the batch is read again to count."""
         if bad_count == 0:
-            return 0  # nothing to write; mark_settled() records the newest batch once per run
+            return 0  # nothing to write; the settled marker records the batch
         bad = frames.bad(frames.records)
         if bad_count is None:
             bad = bad.persist()
@@ -208,26 +230,30 @@ class CommitProtocol:
             landed = self._append(bad if bad_count else bad.limit(0), self.quarantine, intent, partition_by=())
         finally:
             bad.unpersist()
-        self._quarantine_marked = max(self._quarantine_marked, intent.batch_id)
         return bad_count if landed else 0
 
-    def mark_settled(self) -> None:
-        """Record in the quarantine table that the newest batch is settled, unless it already says so.
+    def _mark_settled(self, intent: Intent) -> None:
+        """Record that ``intent``'s steps 4 and 5 are done (a hint for step 1; see the module doc)."""
+        write_small_file(self.spark, self.settled_marker, self._marker(intent))
+        self._settled = intent
 
-        Batches without bad records skip step 5's append, so a run calls this once at its
-        end (and ``--follow`` when it goes idle): an empty quarantine append with the
-        batch's txn. Without it a restart would re-read the newest batch to count its bad
-        records — correct, but slower.
+    def _marked_settled(self, intent: Intent) -> bool:
+        return read_small_file(self.spark, self.settled_marker) == self._marker(intent)
+
+    @staticmethod
+    def _marker(intent: Intent) -> bytes:
+        # The exact intent, not just its id: a marker left by a deleted and recreated
+        # pipeline, or a torn write, never matches.
+        return f'{{"batch": {intent.batch_id}, "writer": "{intent.writer}", ' \
+               f'"planned_at": "{intent.planned_at.isoformat()}"}}\n'.encode()
+
+    def _append(self, df: DataFrame, path: str, intent: Intent, *, partition_by: tuple[str, ...],
+                observation: Observation | None = None) -> bool:
+        """Append with the batch's txn; True if this append committed, False if the batch was there.
+
+        An ``observation`` on ``df`` that completes proves the write ran its job, and a
+        write that ran and returned has committed; otherwise history decides.
         """
-        settled = self._settled
-        if settled is None or self._quarantine_marked >= settled.batch_id:
-            return
-        frames = self.build_frames(settled)
-        self._append(frames.bad(frames.records).limit(0), self.quarantine, settled, partition_by=())
-        self._quarantine_marked = settled.batch_id
-
-    def _append(self, df: DataFrame, path: str, intent: Intent, *, partition_by: tuple[str, ...]) -> bool:
-        """Append with the batch's txn; True if this append committed, False if the batch was there."""
         token = uuid.uuid4().hex
         writer = (df.write.format("delta").mode("append")
                   .option("txnAppId", self.pipeline).option("txnVersion", intent.batch_id)
@@ -241,6 +267,8 @@ class CommitProtocol:
             if self._find_commit(path, lambda m: m["batch"] == intent.batch_id) is None:
                 raise
             return False
+        if observation is not None and _completes(observation, OBSERVATION_WAIT_SECONDS):
+            return True
         return self._landed(path, intent, token)
 
     # -- the whole batch ------------------------------------------------------------
@@ -295,6 +323,6 @@ class CommitProtocol:
 
         # Steps 4 and 5. Commit rows and offsets together, then settle the quarantine.
         result = self._write(intent, replayed=False)
-        self._settled = intent
+        self._mark_settled(intent)
         _crash_point("quarantined")
         return result

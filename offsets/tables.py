@@ -1,4 +1,6 @@
-"""Does a Delta table exist at a path — asked in a way that sees other processes' commits.
+"""File-system questions about tables, asked through Hadoop so object stores work too.
+
+Does a Delta table exist at a path — asked in a way that sees other processes' commits.
 
 ``DeltaTable.isDeltaTable`` answers from the session's cached ``DeltaLog`` without
 refreshing it: once a process has looked at a path whose ``_delta_log`` was still empty
@@ -22,11 +24,39 @@ def delta_table_exists(spark: SparkSession, path: str) -> bool:
 
     if DeltaTable.isDeltaTable(spark, path):
         return True
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    log_dir = jvm.org.apache.hadoop.fs.Path(path.rstrip("/") + "/_delta_log")
-    fs = log_dir.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[union-attr]
+    log_dir, fs = _hadoop_path(spark, path.rstrip("/") + "/_delta_log")
     if not fs.exists(log_dir):
         return False
     names = (status.getPath().getName() for status in fs.listStatus(log_dir))
     return any(name.endswith(".json") or ".checkpoint" in name for name in names)
+
+
+def _hadoop_path(spark: SparkSession, path: str):  # type: ignore[no-untyped-def]
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    target = jvm.org.apache.hadoop.fs.Path(path)
+    return target, target.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[union-attr]
+
+
+def write_small_file(spark: SparkSession, path: str, data: bytes) -> None:
+    """Write (replace) a small file through Hadoop, so it lands wherever the tables live."""
+    target, fs = _hadoop_path(spark, path)
+    out = fs.create(target, True)
+    try:
+        out.write(bytearray(data))
+    finally:
+        out.close()
+
+
+def read_small_file(spark: SparkSession, path: str) -> bytes | None:
+    """A small file's bytes through Hadoop, or None if it does not exist."""
+    target, fs = _hadoop_path(spark, path)
+    if not fs.exists(target):
+        return None
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    stream = fs.open(target)
+    try:
+        return bytes(jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
+    finally:
+        stream.close()

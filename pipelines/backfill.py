@@ -104,7 +104,6 @@ class Backfill:
                     raise RetentionLossError(exc.losses, context=f" (batch {intent.batch_id})", hint=_HINT) from None
                 replay, result = job.protocol.run_intent(intent)
                 report.batches += [b for b in (replay, result) if b is not None]
-        job.protocol.mark_settled()
         return report
 
     def from_offsets(self, offsets: Mapping[TP, int]) -> IngestReport:

@@ -79,13 +79,8 @@ class IngestJob:
             return {tp: b.stable_end for tp, b in bounds.items()}
         return {tp: b.log_start for tp, b in bounds.items()}
 
-    def run_to(self, bounds: Mapping[TP, PartitionBounds], stop: threading.Event | None = None, *,
-               settle: bool = True) -> IngestReport:
-        """Batches until every partition reaches ``bounds`` (a fixed LSO snapshot).
-
-        ``settle`` records the newest batch as settled at the end (see
-        :meth:`CommitProtocol.mark_settled`); ``--follow`` does that only when idle.
-        """
+    def run_to(self, bounds: Mapping[TP, PartitionBounds], stop: threading.Event | None = None) -> IngestReport:
+        """Batches until every partition reaches ``bounds`` (a fixed LSO snapshot)."""
         report = IngestReport()
         while not (stop and stop.is_set()):
             replay, result = self.protocol.run_batch(
@@ -98,8 +93,6 @@ class IngestJob:
             log.info("batch %d committed: %d rows, %d quarantined",
                      result.intent.batch_id, result.rows, result.quarantined)
             report.batches.append(result)
-        if settle:
-            self.protocol.mark_settled()
         return report
 
     def run_bounded(self) -> IngestReport:
@@ -109,12 +102,10 @@ class IngestJob:
         """Micro-batches until ``stop`` is set; the batch in flight always finishes first."""
         report = IngestReport()
         while not stop.is_set():
-            step = self.run_to(self.snapshot(), stop, settle=False)
+            step = self.run_to(self.snapshot(), stop)
             report.batches += step.batches
             if not step.batches:
-                self.protocol.mark_settled()
                 stop.wait(self.pipeline.trigger_interval_seconds)
-        self.protocol.mark_settled()
         return report
 
 

@@ -26,6 +26,19 @@ def _table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+class JsonFormatter(logging.Formatter):
+    """One JSON object per log record, for log shippers."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        import json
+
+        data = {"ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"), "level": record.levelname,
+                "logger": record.name, "msg": record.getMessage()}
+        if record.exc_info:
+            data["exc"] = self.formatException(record.exc_info)
+        return json.dumps(data)
+
+
 # -- stack --------------------------------------------------------------------------
 
 
@@ -157,6 +170,69 @@ def cmd_offsets_show(args: argparse.Namespace) -> int:
 # -- demo ---------------------------------------------------------------------------
 
 
+# -- outbox and relay ---------------------------------------------------------------
+
+
+def _relay_context(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """(config, PostgreSQL DSN, librdkafka properties) for the outbox and relay commands."""
+    from pathlib import Path
+
+    from connectors.kafka_config import librdkafka_config
+    from tidemark.config import TidemarkConfig, load_config
+
+    path = Path(args.config)
+    # The relay runs on defaults (embedded stack, table public.outbox) when there is no config file.
+    config = load_config(path) if path.exists() or args.config != "tidemark.yaml" else TidemarkConfig()
+    if args.relay_id:
+        config = config.model_copy(update={"relay": config.relay.model_copy(update={"id": args.relay_id})})
+    secret = config.postgres.dsn or settings().postgres.dsn
+    dsn = secret.get_secret_value() if secret else None
+    bootstrap = config.kafka.bootstrap_servers
+    if dsn is None or bootstrap is None:
+        from infra.stack import Stack
+
+        endpoints = Stack(settings()).endpoints()
+        dsn, bootstrap = dsn or endpoints.postgres_dsn, bootstrap or endpoints.kafka_bootstrap
+    return config, dsn, librdkafka_config(config.kafka, bootstrap)
+
+
+def cmd_outbox_init(args: argparse.Namespace) -> int:
+    from outbox.schema import TableName, init_outbox
+
+    config, dsn, _ = _relay_context(args)
+    relay = config.relay
+    created = init_outbox(dsn, table=TableName.parse(relay.table), publication=relay.publication_name,
+                          slot=relay.slot_name)
+    print(f"outbox {relay.table}: " + (", ".join(f"created {c}" for c in created) or "already set up"))
+    print(f"next: add events with outbox.schema.add_event(...) and run `tidemark relay run --relay-id {relay.id}`")
+    return 0
+
+
+def cmd_relay_run(args: argparse.Namespace) -> int:
+    import json
+
+    from outbox.relay import Relay
+    from pipelines.ingest import stop_on_signals
+
+    config, dsn, client = _relay_context(args)
+    relay = Relay(config.relay, dsn=dsn, client_config=client, replication_factor=args.replication_factor,
+                  topic_partitions=args.partitions)
+    report = relay.run(stop_on_signals(), idle_exit=args.idle_exit)
+    print(json.dumps({"relay": config.relay.id, "transactions": report.transactions, "events": report.events,
+                      "skipped_redelivered": report.skipped, "deleted_rows": report.deleted,
+                      "aborted_attempts": report.aborted_attempts, "topics": dict(report.topics)}))
+    return 0
+
+
+def cmd_relay_status(args: argparse.Namespace) -> int:
+    from outbox.relay import relay_status
+
+    config, dsn, client = _relay_context(args)
+    status = relay_status(config.relay, dsn=dsn, client_config=client)
+    print(_table(list(status.items()), ("relay", "state")))
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from infra.smoke import run_demo
 
@@ -169,6 +245,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tidemark", description="Exactly-once Kafka to Delta Lake ingestion.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    parser.add_argument("--log-json", action="store_true", help="structured logs: one JSON object per line, "
+                                                                   "INFO and up, on stderr")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     stack = sub.add_parser("stack", help="the local stack: embedded Kafka (KRaft) and PostgreSQL")
@@ -209,6 +287,23 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--last", type=int, default=10, help="how many batches of history to show")
     show.set_defaults(func=cmd_offsets_show)
 
+    outbox = sub.add_parser("outbox", help="the application's outbox table")
+    outbox_sub = outbox.add_subparsers(dest="action", required=True, metavar="ACTION")
+    init = outbox_sub.add_parser("init", help="create the outbox table, its publication and replication slot "
+                                              "(idempotent)")
+    relay = sub.add_parser("relay", help="the outbox relay: committed outbox rows to Kafka, exactly once")
+    relay_sub = relay.add_subparsers(dest="action", required=True, metavar="ACTION")
+    run = relay_sub.add_parser("run", help="relay until SIGTERM (one source transaction per Kafka transaction)")
+    run.add_argument("--idle-exit", type=float, metavar="SECONDS",
+                     help="stop after this long without a new transaction (for batch use and tests)")
+    run.add_argument("--partitions", type=int, default=3, help="partitions of event topics the relay creates")
+    run.add_argument("--replication-factor", type=int, default=1, help="of topics the relay creates")
+    status = relay_sub.add_parser("status", help="position, slot, lag in events and seconds")
+    for p, func in ((init, cmd_outbox_init), (run, cmd_relay_run), (status, cmd_relay_status)):
+        p.add_argument("--config", default="tidemark.yaml", help="config file (default ./tidemark.yaml if present)")
+        p.add_argument("--relay-id", help="overrides relay.id of the config")
+        p.set_defaults(func=func)
+
     demo = sub.add_parser("demo", help="run the end-to-end demo on the embedded stack")
     demo.add_argument("--keep", action="store_true", help="leave the stack running afterwards")
     demo.set_defaults(func=cmd_demo)
@@ -218,8 +313,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.log_json:
+        handler = logging.StreamHandler()
+        handler.setFormatter(JsonFormatter())
+        logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO, handlers=[handler])
+    else:
+        logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

@@ -128,10 +128,58 @@ class PipelineConfig(BaseModel):
         return f"{self.target.rstrip('/')}_tidemark_ledger"
 
 
+class PostgresConnection(BaseModel):
+    model_config = _MODEL
+
+    dsn: SecretStr | None = None
+    """libpq DSN of the application database; unset means the embedded server (``TIDEMARK_POSTGRES__*``)."""
+
+
+SqlName = Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_]{0,62}$")]
+
+
+class RelayConfig(BaseModel):
+    """The outbox relay: which table, which slot, where events go."""
+
+    model_config = _MODEL
+
+    id: PipelineName = "outbox"
+    """Relay id: names the Kafka ``transactional.id`` (``tidemark-relay-<id>``), so two relays with one id fence each other."""
+    table: Annotated[str, Field(pattern=r"^([a-z_][a-z0-9_]*\.)?[a-z_][a-z0-9_]*$")] = "public.outbox"
+    slot: SqlName | None = None
+    """Logical replication slot; default ``tidemark_<id>`` (with ``-`` as ``_``)."""
+    publication: SqlName | None = None
+    """Publication of the table's inserts; default ``tidemark_<id>``."""
+    topic: str = "outbox.event.{aggregatetype}"
+    """Topic of an event; ``{aggregatetype}`` is replaced by the event's aggregate type."""
+    routes: dict[str, str] = {}
+    """Aggregate type -> topic, overriding ``topic`` for those types."""
+    offsets_topic: str = "tidemark.relay-offsets"
+    """Compacted topic holding each relay's position, written in the same Kafka transaction as the events."""
+    max_transaction_events: Annotated[int, Field(ge=1)] = 100_000
+    """Largest source transaction relayed (as one Kafka transaction, held in memory); larger ones stop the relay."""
+    ack_every: Annotated[int, Field(ge=1)] = 50
+    """Relayed transactions between housekeeping deletes and slot confirmations."""
+    transaction_timeout_ms: Annotated[int, Field(ge=1000, le=900_000)] = 60_000
+
+    @property
+    def slot_name(self) -> str:
+        return self.slot or f"tidemark_{self.id.replace('-', '_')}"
+
+    @property
+    def publication_name(self) -> str:
+        return self.publication or f"tidemark_{self.id.replace('-', '_')}"
+
+    def topic_for(self, aggregatetype: str) -> str:
+        return self.routes.get(aggregatetype) or self.topic.replace("{aggregatetype}", aggregatetype)
+
+
 class TidemarkConfig(BaseModel):
     model_config = _MODEL
 
     kafka: KafkaConnection = KafkaConnection()
+    postgres: PostgresConnection = PostgresConnection()
+    relay: RelayConfig = RelayConfig()
     pipelines: tuple[PipelineConfig, ...] = ()
 
     @field_validator("pipelines")

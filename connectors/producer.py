@@ -1,0 +1,115 @@
+"""A transactional confluent-kafka producer whose errors arrive already classified.
+
+librdkafka sorts every transactional error into one of three kinds, and the caller's
+reaction depends only on the kind (DESIGN.md section 5):
+
+* retriable (a coordinator moving, a broker restarting): call the same method again;
+* abortable (``txn_requires_abort``: a failed produce, a transaction timed out): abort,
+  then redo the whole transaction from its source;
+* fatal, including being fenced by a newer instance with the same ``transactional.id``:
+  the producer is unusable; stop and exit non-zero.
+
+:meth:`TransactionalProducer.run` applies that policy to one transaction body.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from tidemark.errors import TerminalError
+
+log = logging.getLogger(__name__)
+
+_FENCED = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
+           KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
+
+
+class ProducerFencedError(TerminalError):
+    """A newer producer with the same transactional.id took over; this one must stop."""
+
+    exit_code = 3
+
+
+class ProducerFatalError(TerminalError):
+    """The producer hit an error it cannot recover from."""
+
+
+def _fatal(err: KafkaError, what: str, transactional_id: str) -> TerminalError:
+    if err.code() in _FENCED:
+        return ProducerFencedError(
+            f"{what}: fenced by a newer producer with transactional.id {transactional_id!r} ({err.str()}); "
+            "another instance with this id took over, so this one stops without writing anything more")
+    return ProducerFatalError(f"{what}: fatal Kafka producer error {err.name()}: {err.str()}")
+
+
+class TransactionalProducer:
+    def __init__(self, config: dict[str, Any], *, retry_for: float = 300.0) -> None:
+        self.transactional_id = str(config["transactional.id"])
+        self.retry_for = retry_for
+        self._producer = Producer({"enable.idempotence": True, "acks": "all", **config})
+
+    def _call(self, what: str, fn: Callable[[], None]) -> None:
+        """Call a transactional method, repeating it while the error is retriable."""
+        deadline = time.monotonic() + self.retry_for
+        delay = 0.1
+        while True:
+            try:
+                fn()
+                return
+            except KafkaException as exc:
+                err: KafkaError = exc.args[0]
+                if err.fatal() or err.code() in _FENCED:
+                    raise _fatal(err, what, self.transactional_id) from None
+                if err.txn_requires_abort():
+                    raise
+                if not err.retriable() or time.monotonic() > deadline:
+                    raise ProducerFatalError(f"{what}: {err.name()}: {err.str()} (gave up after retrying)") from None
+                log.warning("%s: retriable error %s; retrying in %.1fs", what, err.name(), delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def init(self, timeout: float = 60.0) -> None:
+        """``init_transactions()``: completes or aborts the previous instance's open transaction and fences it."""
+        self._call("init_transactions", lambda: self._producer.init_transactions(timeout))
+
+    def produce(self, topic: str, *, key: bytes | None, value: bytes | None,
+                headers: list[tuple[str, str | bytes | None]] | None = None) -> None:
+        while True:
+            try:
+                self._producer.produce(topic, key=key, value=value, headers=headers)
+                return
+            except BufferError:
+                self._producer.poll(0.05)  # queue full: let deliveries drain
+
+    def run(self, body: Callable[[TransactionalProducer], None], *, what: str, timeout: float = 60.0,
+            max_attempts: int = 10) -> int:
+        """Run ``body`` (which produces) inside one transaction and commit it; returns the attempts used.
+
+        An abortable error aborts the transaction and runs ``body`` again from the start,
+        so ``body`` must produce the same messages each time.
+        """
+        attempts = 0
+        while True:
+            attempts += 1
+            self._call("begin_transaction", self._producer.begin_transaction)
+            try:
+                body(self)
+                self._call("commit_transaction", lambda: self._producer.commit_transaction(timeout))
+                return attempts
+            except KafkaException as exc:
+                err = exc.args[0]
+                if not err.txn_requires_abort():
+                    raise _fatal(err, what, self.transactional_id) from None
+                if attempts >= max_attempts:
+                    raise ProducerFatalError(f"{what}: aborted {attempts} times, last by {err.name()}: {err.str()}; "
+                                             "check the broker logs and that the topics exist") from None
+                log.warning("%s: transaction aborted (%s); redoing it, attempt %d", what, err.name(), attempts + 1)
+                self._call("abort_transaction", lambda: self._producer.abort_transaction(timeout))
+
+    def close(self, timeout: float = 10.0) -> None:
+        self._producer.flush(timeout)

@@ -1,0 +1,157 @@
+"""Decode PostgreSQL's ``pgoutput`` logical replication messages (protocol version 1).
+
+Only what the relay needs: Begin, Relation, Insert and Commit. The server sends a
+transaction's changes after it commits, between its Begin and Commit, in commit order;
+that is what makes capture ordered by commit rather than by transaction id. Other
+message kinds (Origin, Type, Update, Delete, Truncate, logical messages) are returned as
+:class:`Other` so the caller can ignore them on purpose. Pure functions, no I/O: the
+format is specified in the PostgreSQL manual, "Logical Replication Message Formats".
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from tidemark.errors import TerminalError
+
+#: pgoutput timestamps count microseconds from 2000-01-01 UTC.
+_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+class DecodeError(TerminalError):
+    """A replication message does not follow the pgoutput format we expect."""
+
+
+@dataclass(frozen=True)
+class Begin:
+    final_lsn: int
+    """LSN of the transaction's commit record."""
+    commit_time: datetime
+    xid: int
+
+
+@dataclass(frozen=True)
+class Commit:
+    commit_lsn: int
+    end_lsn: int
+    """LSN just past the commit record: the position to confirm to the slot."""
+    commit_time: datetime
+
+
+@dataclass(frozen=True)
+class Relation:
+    oid: int
+    namespace: str
+    name: str
+    columns: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Insert:
+    relation_oid: int
+    values: tuple[str | None, ...]
+    """Each column's text form (None for SQL NULL), in the relation's column order."""
+
+
+@dataclass(frozen=True)
+class Other:
+    kind: str
+
+
+Message = Begin | Commit | Relation | Insert | Other
+
+
+class _Reader:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def take(self, fmt: str) -> int:
+        size = struct.calcsize(fmt)
+        if self.pos + size > len(self.data):
+            raise DecodeError(f"pgoutput message truncated at byte {self.pos}")
+        (value,) = struct.unpack_from(fmt, self.data, self.pos)
+        self.pos += size
+        return int(value)
+
+    def byte(self) -> str:
+        return chr(self.take("!B"))
+
+    def string(self) -> str:
+        end = self.data.find(b"\0", self.pos)
+        if end < 0:
+            raise DecodeError(f"pgoutput string not terminated at byte {self.pos}")
+        text = self.data[self.pos:end].decode()
+        self.pos = end + 1
+        return text
+
+    def raw(self, size: int) -> bytes:
+        if self.pos + size > len(self.data):
+            raise DecodeError(f"pgoutput value truncated at byte {self.pos}")
+        chunk = self.data[self.pos:self.pos + size]
+        self.pos += size
+        return chunk
+
+    def timestamp(self) -> datetime:
+        return _PG_EPOCH + timedelta(microseconds=self.take("!q"))
+
+
+def _tuple(r: _Reader) -> tuple[str | None, ...]:
+    values: list[str | None] = []
+    for _ in range(r.take("!H")):
+        kind = r.byte()
+        if kind == "n":
+            values.append(None)
+        elif kind == "t":
+            values.append(r.raw(r.take("!I")).decode())
+        elif kind == "u":
+            # An unchanged TOASTed value: only in updates, which the publication does not send.
+            raise DecodeError("pgoutput sent an unchanged TOAST value in an insert")
+        else:
+            raise DecodeError(f"pgoutput tuple column of unknown kind {kind!r}")
+    return tuple(values)
+
+
+def decode(payload: bytes) -> Message:
+    """One pgoutput message."""
+    if not payload:
+        raise DecodeError("empty pgoutput message")
+    r = _Reader(payload)
+    kind = r.byte()
+    if kind == "B":
+        return Begin(final_lsn=r.take("!Q"), commit_time=r.timestamp(), xid=r.take("!I"))
+    if kind == "C":
+        r.take("!B")  # flags, unused
+        return Commit(commit_lsn=r.take("!Q"), end_lsn=r.take("!Q"), commit_time=r.timestamp())
+    if kind == "R":
+        oid = r.take("!I")
+        namespace, name = r.string(), r.string()
+        r.take("!B")  # replica identity
+        columns = []
+        for _ in range(r.take("!H")):
+            r.take("!B")  # flags (part of the key)
+            columns.append(r.string())
+            r.take("!I")  # type oid
+            r.take("!i")  # type modifier
+        return Relation(oid, namespace, name, tuple(columns))
+    if kind == "I":
+        oid = r.take("!I")
+        if r.byte() != "N":
+            raise DecodeError("pgoutput insert without a new tuple")
+        return Insert(oid, _tuple(r))
+    return Other(kind)
+
+
+def format_lsn(lsn: int) -> str:
+    """PostgreSQL's text form of an LSN, e.g. ``0/16B3748``."""
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+def parse_lsn(text: str) -> int:
+    try:
+        high, low = text.split("/")
+        return (int(high, 16) << 32) | int(low, 16)
+    except ValueError:
+        raise DecodeError(f"not an LSN: {text!r} (expected e.g. 0/16B3748)") from None

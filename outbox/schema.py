@@ -1,0 +1,116 @@
+"""The outbox table, what capture needs on the server, and the helper applications call.
+
+The table follows Debezium's outbox defaults (``id uuid``, ``aggregatetype``,
+``aggregateid``, ``type``, ``payload jsonb``) plus ``created_at`` for the relay's lag.
+Capture needs a publication of the table's inserts (only inserts: the relay's own
+deletes of relayed rows must not come back as events) and a ``pgoutput`` logical
+replication slot, which keeps WAL from the moment it is created. Everything here is
+idempotent, so ``tidemark outbox init`` can run on every deploy.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from tidemark.errors import ConfigError
+
+OUTBOX_COLUMNS = ("id", "aggregatetype", "aggregateid", "type", "payload")
+
+_IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+@dataclass(frozen=True)
+class TableName:
+    schema: str
+    name: str
+
+    @classmethod
+    def parse(cls, text: str) -> TableName:
+        schema, _, name = text.rpartition(".")
+        schema = schema or "public"
+        for part in (schema, name):
+            if not _IDENT.match(part):
+                raise ConfigError(f"outbox table {text!r}: use lower-case [schema.]name, letters, digits and '_'")
+        return cls(schema, name)
+
+    def __str__(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+    @property
+    def sql(self) -> str:
+        return f'"{self.schema}"."{self.name}"'
+
+
+def _ddl(table: TableName) -> list[str]:
+    return [
+        f'CREATE SCHEMA IF NOT EXISTS "{table.schema}"',
+        f"""CREATE TABLE IF NOT EXISTS {table.sql} (
+            id            uuid         PRIMARY KEY DEFAULT gen_random_uuid(),
+            aggregatetype varchar(255) NOT NULL,
+            aggregateid   varchar(255) NOT NULL,
+            type          varchar(255) NOT NULL,
+            payload       jsonb,
+            created_at    timestamptz  NOT NULL DEFAULT clock_timestamp()
+        )""",
+        f'CREATE INDEX IF NOT EXISTS "{table.name}_created_at" ON {table.sql} (created_at)',
+    ]
+
+
+def init_outbox(dsn: str, *, table: TableName, publication: str, slot: str) -> list[str]:
+    """Create the table, the publication and the slot where missing; returns what was created."""
+    import psycopg2
+
+    for name in (publication, slot):
+        if not _IDENT.match(name):
+            raise ConfigError(f"{name!r}: publication and slot names use lower-case letters, digits and '_'")
+    created: list[str] = []
+    conn = psycopg2.connect(dsn)
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute("SHOW wal_level")
+            (level,) = cur.fetchone()
+            if level != "logical":
+                raise ConfigError(f"PostgreSQL has wal_level={level}; the relay needs logical decoding: "
+                                  "ALTER SYSTEM SET wal_level = logical, then restart the server")
+            cur.execute("SELECT to_regclass(%s)", (table.sql,))
+            if cur.fetchone()[0] is None:
+                created.append(f"table {table}")
+            for statement in _ddl(table):
+                cur.execute(statement)
+            cur.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,))
+            if cur.fetchone() is None:
+                cur.execute(f'CREATE PUBLICATION "{publication}" FOR TABLE {table.sql} WITH (publish = \'insert\')')
+                created.append(f"publication {publication}")
+            cur.execute("SELECT plugin FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+            row = cur.fetchone()
+            if row is None:
+                cur.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+                created.append(f"replication slot {slot}")
+            elif row[0] != "pgoutput":
+                raise ConfigError(f"replication slot {slot!r} exists with plugin {row[0]}, not pgoutput: "
+                                  "choose another relay.slot or drop that slot")
+    finally:
+        conn.close()
+    return created
+
+
+def add_event(cursor: Any, aggregatetype: str, aggregateid: str, type: str, payload: Any, *,
+              table: str = "public.outbox", event_id: uuid.UUID | None = None) -> uuid.UUID:
+    """Add one event inside the caller's open transaction (any DB-API cursor with ``%s`` params).
+
+    The event is relayed if and only if that transaction commits, together with the other
+    events it added, as one Kafka transaction. ``payload`` is JSON-encoded unless it is
+    already a string.
+    """
+    event_id = event_id or uuid.uuid4()
+    text = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    cursor.execute(
+        f"INSERT INTO {TableName.parse(table).sql} (id, aggregatetype, aggregateid, type, payload) "
+        "VALUES (%s, %s, %s, %s, %s::jsonb)",
+        (str(event_id), aggregatetype, aggregateid, type, text))
+    return event_id
