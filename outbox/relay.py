@@ -45,7 +45,7 @@ from typing import Any
 
 from connectors.producer import TransactionalProducer
 from outbox import headers as H
-from outbox.capture import Capture, SlotBusyError, SourceTransaction
+from outbox.capture import Capture, SlotBusyError, SourceTransaction, TransactionTooLargeError
 from outbox.pgoutput import format_lsn
 from outbox.schema import TableName
 from tidemark.config import RelayConfig
@@ -267,7 +267,11 @@ class Relay:
                 try:
                     if capture is None:
                         capture = self._open_capture(stop)                # step 3
-                    txn = capture.next_transaction(timeout=0.5)
+                    try:
+                        txn = capture.next_transaction(timeout=0.5)
+                    except TransactionTooLargeError:
+                        self._acknowledge(capture)  # what was relayed before it stays done
+                        raise
                     if txn is None:
                         self._acknowledge(capture)
                         if idle_exit is not None and time.monotonic() - idle_since > idle_exit:
