@@ -35,7 +35,7 @@ def test_exactly_once_after_sigkill_at_random_instants(tmp_path: Path, postgres_
     setup.drain()
     counts = assert_relayed_exactly_once(setup, writers.committed, writers.rolled_back)
     log = (tmp_path / "relay.log").read_text(errors="replace")
-    print(f"{kills} kills; {counts}")  # noqa: T201 - shown with -s, for the benchmark notes
+    print(f"{kills} kills; {counts}")
     assert kills >= 20
     assert counts["id_order_inversions"] > 0, "no transaction committed out of id order: the test proves less"
     assert counts["rolled_back_events"] > 0 and counts["transactions"] > 200
