@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -51,6 +53,11 @@ def test_relays_transactions_with_headers_and_deletes_relayed_rows(setup: RelayS
     counts = assert_relayed_exactly_once(setup, writers.committed, writers.rolled_back)
     assert counts["transactions"] == len(writers.committed) > 10 and writers.rolled_back
     assert setup.outbox_rows() == 0  # housekeeping: every relayed row deleted
+    status = subprocess.run([*setup.argv()[:4], "status", "--config", str(setup.config)],
+                            check=False, capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0, status.stderr
+    rows = dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in status.stdout.splitlines()[2:])
+    assert rows["lag (events)"] == "0" and rows["position"] != "(none yet)", status.stdout
     record = setup.records()[0]
     body = json.loads(record.value or b"{}")
     assert record.key == body["key"].encode() and header(record, H.EVENT_TYPE) == "Changed"

@@ -96,3 +96,16 @@ def test_kafka_cluster_ids_never_look_like_an_option() -> None:
     ids = [new_cluster_id() for _ in range(5000)]  # about 78 would start with '-' without the redraw
     assert not [i for i in ids if i.startswith("-")]
     assert all(len(i) == 22 for i in ids) and len(set(ids)) == len(ids)
+
+
+def test_json_log_lines_are_one_object_each() -> None:
+    import json
+    import logging
+
+    from tidemark.cli import JsonFormatter
+
+    record = logging.LogRecord("outbox.relay", logging.INFO, __file__, 1, "relayed txid %d: %d events", (7, 3), None)
+    line = JsonFormatter().format(record)
+    assert "\n" not in line
+    assert json.loads(line) | {"ts": "-"} == {"ts": "-", "level": "INFO", "logger": "outbox.relay",
+                                              "msg": "relayed txid 7: 3 events"}
