@@ -136,6 +136,9 @@ def main() -> int:
     for profile in ("kafka", "spark"):
         jar_set = resolve(home, profile)  # type: ignore[arg-type]
         print(f"{profile}: {len(jar_set.jars)} jars in {jar_set.directory}")
+    from infra import udfs
+
+    print(f"functions: {udfs.build(home)}")
     return 0
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from infra import jars as jar_cache
+from infra import udfs
 from tidemark.settings import Settings
 
 LOG4J2 = Path(__file__).parent / "spark-log4j2.properties"
@@ -27,7 +28,7 @@ def spark_conf(settings: Settings, *, warehouse: Path | None = None) -> dict[str
     home = settings.home_dir
     conf = {
         "spark.master": settings.spark.master,
-        "spark.jars": ",".join(str(j) for j in spark_jars.jars),
+        "spark.jars": ",".join(str(j) for j in [*spark_jars.jars, udfs.build(home)]),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.driver.memory": settings.spark.driver_memory,
@@ -61,6 +62,7 @@ def build_session(settings: Settings, app_name: str = "tidemark", *, warehouse: 
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
+    udfs.register(session)
     return session
 
 

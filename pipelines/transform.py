@@ -62,10 +62,13 @@ def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: Pipelin
         assert isinstance(schema, StructType)  # a column list always parses to a struct
         parse_schema = StructType([*schema.fields, StructField(_CORRUPT, StringType())])
         text = F.col("value").cast("string")
+        # Tidemark's JVM validator when the session has it (infra.spark registers it), else Spark's.
+        fast = spark.catalog.functionExists("tidemark_is_valid_utf8")
+        valid_utf8 = F.expr("tidemark_is_valid_utf8(value)" if fast else "is_valid_utf8(value)")
         parsed = stamped.withColumn("_parsed", F.from_json(
             text, parse_schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}))
         error = (F.when(F.col("value").isNull(), F.lit("tombstone: null value"))
-                 .when(~F.expr("is_valid_utf8(value)"), F.lit("value is not valid UTF-8"))
+                 .when(~valid_utf8, F.lit("value is not valid UTF-8"))
                  .when(F.col("_parsed").isNull(), F.lit("value is not a JSON object"))
                  .when(F.col(f"_parsed.{_CORRUPT}").isNotNull(),
                        F.lit(f"value does not parse as JSON matching the schema: {pipeline.schema_ddl}")))

@@ -1,0 +1,70 @@
+"""Tidemark's own JVM functions for Spark, compiled once from ``infra/java`` into the jar cache.
+
+Only where Spark's built-in is measurably slow on the ingest's hot path: UTF-8
+validation of every record (``tidemark_is_valid_utf8``, same answers as Spark's
+``is_valid_utf8``, several times faster on mostly-ASCII values; see
+docs/benchmarks.md). The jar is keyed by a hash of the sources, built with the JDK's
+``javac`` and ``jar`` against pyspark's own jars, so it needs no network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tidemark.errors import MissingToolError, StackError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+SOURCES = Path(__file__).parent / "java"
+
+#: SQL name -> Java class, registered in every session infra.spark builds.
+FUNCTIONS = {"tidemark_is_valid_utf8": ("io.tidemark.spark.ValidUtf8", "boolean")}
+
+
+def _sources() -> list[Path]:
+    return sorted(SOURCES.rglob("*.java"))
+
+
+def jar_path(home: Path) -> Path:
+    digest = hashlib.sha256()
+    for source in _sources():
+        digest.update(source.relative_to(SOURCES).as_posix().encode())
+        digest.update(source.read_bytes())
+    return home / "jars" / f"udf-{digest.hexdigest()[:12]}" / "tidemark-udf.jar"
+
+
+def build(home: Path) -> Path:
+    """The functions' jar, compiling it first if the cache lacks this version of the sources."""
+    target = jar_path(home)
+    if target.exists():
+        return target
+    javac, jar = shutil.which("javac"), shutil.which("jar")
+    if javac is None or jar is None:
+        raise MissingToolError("a JDK (`javac`, `jar`) is needed once to build Tidemark's Spark functions: "
+                               "install OpenJDK 17 and run `make bootstrap` again")
+    import pyspark
+
+    classpath = ":".join(str(j) for j in (Path(pyspark.__file__).parent / "jars").glob("spark-sql-api_*.jar"))
+    with tempfile.TemporaryDirectory() as tmp:
+        classes = Path(tmp) / "classes"
+        steps = [[javac, "--release", "17", "-cp", classpath, "-d", str(classes), *map(str, _sources())],
+                 [jar, "cf", str(Path(tmp) / "out.jar"), "-C", str(classes), "."]]
+        for cmd in steps:
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if proc.returncode != 0:
+                raise StackError(f"building Tidemark's Spark functions failed ({Path(cmd[0]).name}):\n"
+                                 f"{(proc.stdout + proc.stderr).strip()[-2000:]}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(Path(tmp) / "out.jar"), target)
+    return target
+
+
+def register(spark: SparkSession) -> None:
+    for name, (cls, returns) in FUNCTIONS.items():
+        spark.udf.registerJavaFunction(name, cls, returns)  # type: ignore[arg-type]
