@@ -8,7 +8,6 @@ step that matters for exactly-once.
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -107,16 +106,3 @@ class IngestJob:
             if not step.batches:
                 stop.wait(self.pipeline.trigger_interval_seconds)
         return report
-
-
-def stop_on_signals() -> threading.Event:
-    """An event set by SIGTERM/SIGINT, so ``--follow`` ends after the batch in flight."""
-    stop = threading.Event()
-
-    def handler(signum: int, _frame: object) -> None:
-        log.warning("signal %d: finishing the batch in flight, then stopping", signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
-    return stop

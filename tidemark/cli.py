@@ -90,7 +90,8 @@ def _pipeline_context(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 def cmd_ingest(args: argparse.Namespace) -> int:
     from infra.spark import build_session
-    from pipelines.ingest import IngestJob, stop_on_signals
+    from pipelines.ingest import IngestJob
+    from tidemark.signals import stop_on_signals
 
     config, pipeline, bootstrap = _pipeline_context(args)
     spark = build_session(settings(), f"tidemark-ingest-{pipeline.name}")
@@ -212,7 +213,7 @@ def cmd_relay_run(args: argparse.Namespace) -> int:
     import json
 
     from outbox.relay import Relay
-    from pipelines.ingest import stop_on_signals
+    from tidemark.signals import stop_on_signals
 
     config, dsn, client = _relay_context(args)
     relay = Relay(config.relay, dsn=dsn, client_config=client, replication_factor=args.replication_factor,
