@@ -14,7 +14,7 @@ def stop_on_signals() -> threading.Event:
     stop = threading.Event()
 
     def handler(signum: int, _frame: object) -> None:
-        log.warning("signal %d: finishing the work in flight, then stopping", signum)
+        log.warning("signal %d: finishing the batch in flight, then stopping", signum)
         stop.set()
 
     signal.signal(signal.SIGTERM, handler)
