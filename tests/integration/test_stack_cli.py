@@ -101,5 +101,6 @@ def test_stack_up_names_a_taken_port(cli_env: dict[str, str]) -> None:
 def test_demo_passes_and_leaves_no_process(cli_env: dict[str, str]) -> None:
     result = tidemark(cli_env, "demo", timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("PASS") == 4 and "FAIL" not in result.stdout
+    assert result.stdout.count("PASS") == 6 and "FAIL" not in result.stdout
+    assert "the Delta table holds exactly the committed events" in result.stdout
     assert _wait_gone(Path(cli_env["TIDEMARK_HOME"])) == []
