@@ -314,11 +314,13 @@ class Relay:
         return self.report
 
     def _probe_ownership(self, producer: TransactionalProducer, position: Position | None) -> None:
-        """Commit the current position again: a fenced relay fails here and stops (G5)."""
-        if position is None:
-            return
+        """Commit the current position again: a fenced relay fails here and stops (G5).
+
+        A relay that has relayed nothing yet commits position 0, which skips nothing.
+        """
+        current = position or Position(0, 0, datetime.now(UTC).isoformat())
         producer.run(lambda p: p.produce(self.config.offsets_topic, key=self.config.id.encode(),
-                                         value=position.to_json(self.config.id)),
+                                         value=current.to_json(self.config.id)),
                      what="checking this relay still owns its id")
 
 
