@@ -10,6 +10,7 @@ docs/benchmarks.md). The jar is keyed by a hash of the sources, built with the J
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 import tempfile
@@ -61,7 +62,9 @@ def build(home: Path) -> Path:
                 raise StackError(f"building Tidemark's Spark functions failed ({Path(cmd[0]).name}):\n"
                                  f"{(proc.stdout + proc.stderr).strip()[-2000:]}")
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(Path(tmp) / "out.jar"), target)
+        staged = target.with_name(f".{target.name}.{os.getpid()}")
+        shutil.copyfile(Path(tmp) / "out.jar", staged)
+        os.replace(staged, target)  # atomic: a concurrent session never sees half a jar
     return target
 
 
