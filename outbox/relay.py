@@ -44,12 +44,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from connectors.producer import TransactionalProducer
+from connectors.topic_reader import read_to_end
 from outbox import headers as H
 from outbox.capture import Capture, SlotBusyError, SourceTransaction, TransactionTooLargeError
 from outbox.pgoutput import format_lsn
 from outbox.schema import TableName
 from tidemark.config import RelayConfig
-from tidemark.errors import ConfigError, ServiceUnavailableError, TerminalError
+from tidemark.errors import ConfigError, TerminalError
 
 log = logging.getLogger(__name__)
 
@@ -89,42 +90,16 @@ class RelayReport:
 def read_position(client_config: dict[str, Any], offsets_topic: str, relay_id: str,
                   timeout: float = 30.0) -> Position | None:
     """The newest committed position of ``relay_id`` in the offsets topic (read_committed, to its end)."""
-    import uuid
-
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
-
-    consumer = Consumer({**client_config, "group.id": f"tidemark-relay-position-{uuid.uuid4().hex[:8]}",
-                         "isolation.level": "read_committed", "enable.auto.commit": False,
-                         "enable.partition.eof": True, "auto.offset.reset": "earliest"})
-    try:
-        meta = consumer.list_topics(offsets_topic, timeout=10).topics.get(offsets_topic)
-        if meta is None or meta.error is not None or not meta.partitions:
-            return None
-        consumer.assign([TopicPartition(offsets_topic, p, 0) for p in meta.partitions])
-        pending = set(meta.partitions)
-        found: Position | None = None
-        deadline = time.monotonic() + timeout
-        key = relay_id.encode()
-        while pending:
-            if time.monotonic() > deadline:
-                raise ServiceUnavailableError(f"could not read {offsets_topic} to its end in {timeout:.0f}s")
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            err, value = msg.error(), msg.value()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    pending.discard(msg.partition())
-                    continue
-                raise ServiceUnavailableError(f"reading {offsets_topic}: {err}")
-            if msg.key() == key and value:
-                data = json.loads(value)
-                candidate = Position(int(data["end_lsn"]), int(data["xid"]), str(data["relayed_at"]))
-                if found is None or candidate.end_lsn > found.end_lsn:
-                    found = candidate
-        return found
-    finally:
-        consumer.close()
+    found: Position | None = None
+    key = relay_id.encode()
+    for record in read_to_end(str(client_config["bootstrap.servers"]), offsets_topic, timeout=timeout,
+                              extra=client_config):
+        if record.key == key and record.value:
+            data = json.loads(record.value)
+            candidate = Position(int(data["end_lsn"]), int(data["xid"]), str(data["relayed_at"]))
+            if found is None or candidate.end_lsn > found.end_lsn:
+                found = candidate
+    return found
 
 
 class Relay:
