@@ -82,3 +82,11 @@ def kafka_broker(bootstrap: str | None = None) -> Iterator[tuple[str, str]]:
         yield cluster.bootstrap_servers, cluster.version
     finally:
         cluster.stop()
+
+
+def emit(lines: list[str], output: str | None) -> None:
+    """Print a report, and write it to ``output`` too when given (``--output FILE``)."""
+    report = "\n".join(lines)
+    print(report, flush=True)
+    if output:
+        Path(output).write_text(report + "\n")

@@ -32,7 +32,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.common import header, kafka_broker, loadavg
+from bench.common import emit, header, kafka_broker, loadavg
 
 PARTITIONS = 8
 SCHEMA = "order_id STRING, customer STRING, amount DOUBLE, currency STRING, items ARRAY<STRING>, note STRING"
@@ -198,10 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"{statistics.median(batches[name]):.0f} | {runs} |")
     ratio = med["structured-streaming"] / med["tidemark"]
     lines += ["", f"**Tidemark throughput / Structured Streaming throughput = {ratio:.2f}×** (median times)."]
-    report = "\n".join(lines)
-    print(report, flush=True)
-    if args.output:
-        Path(args.output).write_text(report + "\n")
+    emit(lines, args.output)
     return 0
 
 

@@ -39,7 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.common import header, loadavg
+from bench.common import emit, header, loadavg
 
 REPO = Path(__file__).resolve().parent.parent
 TOPIC_PARTITIONS = 8
@@ -371,10 +371,7 @@ def run(args: argparse.Namespace) -> int:
                          f"{statistics.median(marker_times[('pyds', label)]):.2f} |")
         lines.append("")
         lines.append(f"Total wall time {time.perf_counter() - started:.0f}s.")
-        report = "\n".join(lines)
-        print(report, flush=True)
-        if args.output:
-            Path(args.output).write_text(report + "\n")
+        emit(lines, args.output)
         return 0
     finally:
         if spark is not None:

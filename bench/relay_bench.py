@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.common import header, kafka_broker, loadavg
+from bench.common import emit, header, kafka_broker, loadavg
 
 AGGREGATES = ("order", "payment", "shipment")
 
@@ -193,10 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"{', '.join(f'{t:.2f}' for t in runs)} |")
     ratio = med["plain-producer"] / med["relay"]
     lines += ["", f"**Relay throughput / plain-producer throughput = {ratio:.3f}×** (median times)."]
-    report = "\n".join(lines)
-    print(report, flush=True)
-    if args.output:
-        Path(args.output).write_text(report + "\n")
+    emit(lines, args.output)
     return 0
 
 

@@ -15,7 +15,7 @@ import statistics
 import sys
 import time
 
-from bench.common import header, loadavg
+from bench.common import emit, header, loadavg
 
 CHECKS = {"spark is_valid_utf8": "is_valid_utf8(value)", "tidemark_is_valid_utf8": "tidemark_is_valid_utf8(value)",
           "no check": "true"}
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     ratio = cost["spark is_valid_utf8"] / cost["tidemark_is_valid_utf8"]
     lines += ["", (f"**Cost of the check (median minus no check): Spark {cost['spark is_valid_utf8']:.2f} s, "
               f"Tidemark {cost['tidemark_is_valid_utf8']:.2f} s — {ratio:.1f}× cheaper.**")]
-    print("\n".join(lines), flush=True)
+    emit(lines, None)
     return 0
 
 
