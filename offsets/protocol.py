@@ -31,12 +31,14 @@ Only public delta-spark APIs are used: the ``txnAppId``/``txnVersion``/``userMet
 writer options and ``DeltaTable.history``. Which append committed is told by a write
 token in ``userMetadata`` read back from history, or, for step 4, by the pass's
 ``Observation`` having completed (a skipped append runs no job). ``txn`` actions
-survive log cleanup and checkpoints, so the fence holds for the life of the table; the ledger (not commitInfo,
-which log cleanup deletes) is the durable record of every batch's offsets.
+survive log cleanup and checkpoints, so the fence holds for the life of the table; the
+ledger (not commitInfo, which log cleanup deletes) is the durable record of every
+batch's offsets.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -244,8 +246,8 @@ class CommitProtocol:
     def _marker(intent: Intent) -> bytes:
         # The exact intent, not just its id: a marker left by a deleted and recreated
         # pipeline, or a torn write, never matches.
-        return f'{{"batch": {intent.batch_id}, "writer": "{intent.writer}", ' \
-               f'"planned_at": "{intent.planned_at.isoformat()}"}}\n'.encode()
+        return (json.dumps({"batch": intent.batch_id, "writer": intent.writer,
+                            "planned_at": intent.planned_at.isoformat()}) + "\n").encode()
 
     def _append(self, df: DataFrame, path: str, intent: Intent, *, partition_by: tuple[str, ...],
                 observation: Observation | None = None) -> bool:
