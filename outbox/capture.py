@@ -17,7 +17,6 @@ import contextlib
 import logging
 import select
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -170,7 +169,3 @@ class Capture:
         """Tell the server everything up to ``lsn`` is done, so the slot can move past it."""
         assert self._cur is not None
         self._cur.send_feedback(flush_lsn=lsn, reply=True)
-
-    def transactions(self, timeout: float) -> Iterator[SourceTransaction]:
-        while (txn := self.next_transaction(timeout)) is not None:
-            yield txn

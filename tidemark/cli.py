@@ -168,9 +168,6 @@ def cmd_offsets_show(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- demo ---------------------------------------------------------------------------
-
-
 # -- outbox and relay ---------------------------------------------------------------
 
 
@@ -232,6 +229,9 @@ def cmd_relay_status(args: argparse.Namespace) -> int:
     status = relay_status(config.relay, dsn=dsn, client_config=client)
     print(_table(list(status.items()), ("relay", "state")))
     return 0
+
+
+# -- demo ---------------------------------------------------------------------------
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
