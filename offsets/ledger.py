@@ -1,7 +1,9 @@
 """The intent ledger: one Delta row per batch, written before the batch's data.
 
 A row says exactly what batch ``N`` of a pipeline is: the offset range ``[start, end)``
-of every partition and the time stamped into its rows. Rows are append-only, so any past
+of every partition (already cut at source-transaction boundaries, G3), the time stamped
+into its rows, and the other decisions a replay must repeat rather than re-make: which
+incomplete transactions were released, and which table version dedup looked ids up in. Rows are append-only, so any past
 batch can be re-read bit for bit (backfill, G6), and each append carries
 ``txnAppId=<pipeline>``/``txnVersion=N``, so two writers cannot both claim ``N``.
 """
@@ -23,7 +25,8 @@ TP = tuple[str, int]
 
 LEDGER_SCHEMA = (
     "pipeline STRING, batch_id BIGINT, writer STRING, planned_at TIMESTAMP, "
-    "ranges ARRAY<STRUCT<topic: STRING, partition: INT, start_offset: BIGINT, end_offset: BIGINT>>"
+    "ranges ARRAY<STRUCT<topic: STRING, partition: INT, start_offset: BIGINT, end_offset: BIGINT>>, "
+    "decisions STRING"
 )
 
 
@@ -54,6 +57,12 @@ class Intent:
     writer: str
     planned_at: datetime
     ranges: tuple[Range, ...]
+    released: tuple[str, ...] = ()
+    """Source transactions written incomplete, past their timeout (G3 policy)."""
+    held: int = 0
+    """How many source transactions the cut left for a later batch (for reports only)."""
+    dedup_version: int | None = None
+    """Target table version whose event ids this batch's dedup excludes (-1: no table yet)."""
 
     def ends(self) -> dict[TP, int]:
         return {r.tp: r.end for r in self.ranges}
@@ -75,7 +84,11 @@ class Intent:
     def row(self) -> tuple[object, ...]:
         # An aware datetime is stored as its instant; a naive one would be read as local time.
         return (self.pipeline, self.batch_id, self.writer, self.planned_at,
-                [(r.topic, r.partition, r.start, r.end) for r in self.ranges])
+                [(r.topic, r.partition, r.start, r.end) for r in self.ranges], self.decisions_json())
+
+    def decisions_json(self) -> str:
+        return json.dumps({"released": list(self.released), "held": self.held,
+                           "dedup_version": self.dedup_version}, separators=(",", ":"), sort_keys=True)
 
 
 def commit_metadata(user_metadata: str | None, pipeline: str) -> dict[str, object] | None:
@@ -169,15 +182,19 @@ class Ledger:
         if not self._exists():
             return []
         rows = self._rows(where).orderBy("batch_id").collect()
-        return [
-            Intent(
+        intents = []
+        for row in rows:
+            # Ledgers written before decisions existed have no such column (or null in it).
+            decisions = json.loads(row.asDict().get("decisions") or "{}")
+            intents.append(Intent(
                 pipeline=row.pipeline, batch_id=int(row.batch_id), writer=row.writer,
                 planned_at=row.planned_at.astimezone(UTC),  # PySpark returns local naive time
                 ranges=tuple(sorted(Range(r.topic, int(r.partition), int(r.start_offset), int(r.end_offset))
                                     for r in row.ranges)),
-            )
-            for row in rows
-        ]
+                released=tuple(decisions.get("released", ())), held=int(decisions.get("held", 0)),
+                dedup_version=decisions.get("dedup_version"),
+            ))
+        return intents
 
     def append(self, intent: Intent, *, write: str | None = None) -> None:
         """Append ``intent``; Delta skips it if this pipeline already claimed that batch id.
@@ -189,6 +206,7 @@ class Ledger:
         (df.write.format("delta").mode("append")
          .option("txnAppId", self.pipeline).option("txnVersion", intent.batch_id)
          .option("userMetadata", intent.to_json(write=write))
+         .option("mergeSchema", "true")  # ledgers from before `decisions` gain the column
          .save(self.path))
 
 

@@ -10,8 +10,10 @@ ledger; docs/design.md has the table of every crash point between them):
    deterministic (same ranges, same ``planned_at``) and Delta skips any write whose
    ``(txnAppId, txnVersion)`` it already holds.
 2. **Plan** ``N+1``: from ``N``'s end offsets (the start policy for partitions that are
-   new), up to a snapshot of each partition's LSO, within the record cap.
-   Nothing to read: stop.
+   new), up to a snapshot of each partition's LSO, within the record cap. Then the
+   pipeline's ``decide`` fixes what a replay must repeat, not re-make: the cut at
+   source-transaction boundaries (G3, :mod:`offsets.cut`), the incomplete transactions
+   released past their timeout, the table version dedup reads. Nothing to read: stop.
 3. **Claim.** Append intent ``N+1`` to the ledger with ``txnAppId=<pipeline>``,
    ``txnVersion=N+1``, then re-read it: another writer's intent there means another run
    owns the pipeline (:class:`ConcurrentWriterError`); its batch is never written by us.
@@ -111,6 +113,9 @@ class BatchResult:
 #: Builds a batch's frames from its intent; must be deterministic in the intent.
 FrameBuilder = Callable[[Intent], BatchFrames]
 
+#: Step 2's second half: a planned intent with the pipeline's decisions made (may shrink its ranges).
+Decide = Callable[[Intent], Intent]
+
 
 def _completes(observation: Observation, timeout: float) -> bool:
     """Has ``observation``'s query run, waiting at most ``timeout``? False if it cannot tell.
@@ -137,7 +142,7 @@ def _crash_point(name: str) -> None:
 class CommitProtocol:
     def __init__(
         self, spark: SparkSession, *, pipeline: str, target: str, quarantine: str, ledger: str,
-        build_frames: FrameBuilder, partition_by: tuple[str, ...] = (),
+        build_frames: FrameBuilder, partition_by: tuple[str, ...] = (), decide: Decide | None = None,
     ) -> None:
         self.spark = spark
         self.pipeline = pipeline
@@ -145,6 +150,7 @@ class CommitProtocol:
         self.quarantine = quarantine
         self.ledger = Ledger(spark, ledger, pipeline)
         self.build_frames = build_frames
+        self.decide = decide
         self.partition_by = partition_by
         self.writer_id = uuid.uuid4().hex
         self._settled: Intent | None = None
@@ -291,6 +297,8 @@ class CommitProtocol:
         ranges = plan_ranges(previous, bounds, starts, max_offsets)
         next_id = (last.batch_id if last else 0) + 1
         intent = Intent(self.pipeline, next_id, self.writer_id, now_utc(), ranges)
+        if self.decide is not None and not intent.is_empty:
+            intent = self.decide(intent)
         if intent.is_empty and set(bounds) <= set(previous):
             return replay, None
         _crash_point("planned")

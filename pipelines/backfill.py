@@ -80,9 +80,11 @@ class Backfill:
         self.bootstrap = bootstrap
         self.into = into
 
-    def _job(self, start: PipelineConfig | None = None, start_offsets: Mapping[TP, int] | None = None) -> IngestJob:
+    def _job(self, start: PipelineConfig | None = None, start_offsets: Mapping[TP, int] | None = None,
+             dedup_table: str | None = None) -> IngestJob:
         target = (start or self.source).model_copy(update={"target": self.into, "quarantine": None})
-        return IngestJob(self.spark, self.config, target, self.bootstrap, start_offsets=start_offsets)
+        return IngestJob(self.spark, self.config, target, self.bootstrap, start_offsets=start_offsets,
+                         dedup_table=dedup_table)
 
     def stored_batches(self, first: int, last: int) -> IngestReport:
         intents = Ledger(self.spark, self.source.ledger_path, self.source.name).history(first, last)
@@ -93,7 +95,8 @@ class Backfill:
         missing = [b for b in range(first, last + 1) if b not in found]
         if missing:
             log.warning("batches not in the ledger, skipped: %s", missing)
-        job = self._job()
+        # A stored batch's dedup decisions name a version of the pipeline's own table.
+        job = self._job(dedup_table=self.source.target)
         report = IngestReport()
         with KafkaAdmin(job.client_config) as admin:
             for intent in intents:

@@ -15,7 +15,10 @@ from typing import TYPE_CHECKING
 
 from connectors.admin import TP, KafkaAdmin, PartitionBounds
 from connectors.kafka_config import librdkafka_config, spark_options
+from offsets.ledger import Intent
 from offsets.protocol import BatchResult, CommitProtocol
+from pipelines import transactions
+from pipelines.dedup import table_version
 from pipelines.transform import frames
 from tidemark.config import PipelineConfig, TidemarkConfig, TimestampStart
 from tidemark.errors import ConfigError
@@ -44,17 +47,34 @@ class IngestReport:
 
 class IngestJob:
     def __init__(self, spark: SparkSession, config: TidemarkConfig, pipeline: PipelineConfig, bootstrap: str,
-                 *, start_offsets: Mapping[TP, int] | None = None) -> None:
+                 *, start_offsets: Mapping[TP, int] | None = None, dedup_table: str | None = None) -> None:
+        self.spark = spark
         self.pipeline = pipeline
+        self.dedup_table = dedup_table or pipeline.target
+        """Where dedup looks event ids up: the target, or for a backfill of stored batches the original table."""
+        self.held = 0
+        """Source transactions the newest plan left for later (incomplete or split by the cut)."""
         self.start_offsets = dict(start_offsets or {})
         """Explicit start offsets of new partitions (a backfill), instead of the start policy."""
         self.client_config = librdkafka_config(config.kafka, bootstrap)
-        options = spark_options(config.kafka, bootstrap)
+        self.kafka_options = spark_options(config.kafka, bootstrap)
         self.protocol = CommitProtocol(
             spark, pipeline=pipeline.name, target=pipeline.target, quarantine=pipeline.quarantine_path,
-            ledger=pipeline.ledger_path, partition_by=pipeline.partition_by,
-            build_frames=lambda intent: frames(spark, options, pipeline, intent),
+            ledger=pipeline.ledger_path, partition_by=pipeline.partition_by, decide=self._decide,
+            build_frames=lambda intent: frames(spark, self.kafka_options, pipeline, intent,
+                                               dedup_table=self.dedup_table),
         )
+
+    def _decide(self, intent: Intent) -> Intent:
+        """Step 2's decisions (see offsets.protocol): the G3 cut, then dedup's table version."""
+        from dataclasses import replace
+
+        if self.pipeline.transactions.atomic:
+            intent = transactions.cut(self.spark, self.kafka_options, self.pipeline, intent)
+        self.held = intent.held
+        if self.pipeline.dedup is not None:
+            intent = replace(intent, dedup_version=table_version(self.spark, self.dedup_table))
+        return intent
 
     def snapshot(self) -> dict[TP, PartitionBounds]:
         """Every source partition with its log-start offset and LSO, now."""
@@ -88,6 +108,9 @@ class IngestJob:
                 log.warning("replayed batch %d (%d rows)", replay.intent.batch_id, replay.rows)
                 report.batches.append(replay)
             if result is None:
+                if self.held:
+                    log.info("caught up, except %d source transaction(s) still incomplete (waiting, "
+                             "up to transactions.incomplete_timeout_seconds)", self.held)
                 break
             log.info("batch %d committed: %d rows, %d quarantined",
                      result.intent.batch_id, result.rows, result.quarantined)

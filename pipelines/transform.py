@@ -4,6 +4,12 @@ Deterministic in the intent: the same ranges and ``planned_at`` give the same ro
 is what makes a replayed batch a no-op. A record goes to quarantine (G7), never stalls
 the batch, when its value is null (a tombstone), not UTF-8, not JSON, or violates the
 declared schema; quarantine keeps its raw bytes, topic/partition/offset and the reason.
+With ``dedup`` configured, a second copy of an event id is quarantined too (pipelines.dedup).
+
+Every row carries ``_tidemark_event_id`` (from the configured ``event_id`` source) and,
+with ``transactions.atomic``, ``_tidemark_txn``: its source transaction as the relay
+stamped it (pipelines.transactions), ``released`` true when the batch's intent took the
+transaction incomplete, past its timeout.
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ from typing import TYPE_CHECKING
 
 from offsets.ledger import Intent
 from offsets.protocol import ERROR_COLUMN, BatchFrames
+from pipelines.dedup import EVENT_ID_COLUMN, flag_duplicates
+from pipelines.transactions import TXN_COLUMN, header, txn_struct
 from tidemark.config import PipelineConfig
 
 if TYPE_CHECKING:
@@ -49,7 +57,9 @@ def read_ranges(spark: SparkSession, kafka_options: dict[str, str], intent: Inte
             .load())
 
 
-def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: PipelineConfig, intent: Intent) -> BatchFrames:
+def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: PipelineConfig, intent: Intent,
+           *, dedup_table: str | None = None) -> BatchFrames:
+    """The batch's frames; ``dedup_table`` is where dedup looks ids up (default: the target)."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
@@ -78,6 +88,24 @@ def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: Pipelin
         checked = stamped.withColumn(ERROR_COLUMN, F.when(F.col("value").isNull(), F.lit("tombstone: null value")))
         payload = [F.col("value")]
 
+    source = pipeline.event_id
+    if source == "key":
+        event_id = F.col("key").cast("string")
+    elif source.startswith("header:"):
+        event_id = header(source.removeprefix("header:"))
+    else:
+        event_id = F.col(f"_parsed.`{source.removeprefix('field:')}`").cast("string")
+    checked = checked.withColumn("_event_id", event_id)
+    if pipeline.dedup is not None:
+        checked = flag_duplicates(spark, pipeline, intent, checked, dedup_table or pipeline.target)
+    extra = [F.col("_event_id").alias(EVENT_ID_COLUMN)]
+    if pipeline.transactions.atomic:
+        txn = txn_struct(pipeline)
+        released = F.lit(False)
+        if intent.released:
+            released = txn["id"].isin(*intent.released)
+        extra.append(F.when(txn.isNotNull(), txn.withField("released", released)).alias(TXN_COLUMN))
+
     lineage = {
         "topic": F.col("topic").alias("_kafka_topic"),
         "partition": F.col("partition").alias("_kafka_partition"),
@@ -87,7 +115,8 @@ def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: Pipelin
         "headers": F.col("headers").alias("_kafka_headers"),
         "batch_id": F.col("_batch_id").alias("_tidemark_batch_id"),
     }
-    good_columns = [*payload, *(lineage[c] for c in pipeline.lineage), F.col("_ingested_at").alias("_tidemark_ingested_at")]
+    good_columns = [*payload, *(lineage[c] for c in pipeline.lineage), *extra,
+                    F.col("_ingested_at").alias("_tidemark_ingested_at")]
     bad_columns: list[Column | str] = [
         F.lit(pipeline.name).alias("pipeline"), F.col("_batch_id").alias("batch_id"), "topic", "partition",
         "offset", F.col("timestamp").alias("kafka_timestamp"), "key", "value", "headers",

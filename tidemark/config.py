@@ -74,6 +74,33 @@ class TimestampStart(BaseModel):
         return value
 
 
+class TransactionsConfig(BaseModel):
+    """Source-transaction atomicity (G3), from the relay's ``tidemark.*`` headers."""
+
+    model_config = _MODEL
+
+    atomic: bool = True
+    """Cut each batch so a source transaction's events for this pipeline's topics land in one commit."""
+    incomplete_timeout_seconds: Annotated[float, Field(gt=0)] = 600.0
+    """How long a transaction may stay incomplete (measured from its first event's Kafka timestamp)
+    before ``on_incomplete`` applies. Until then it, and everything after it in its partitions, waits."""
+    on_incomplete: Literal["release", "stop"] = "release"
+    """``release``: write what arrived, flagged ``_tidemark_txn.released``, and log an alert;
+    ``stop``: fail the run with the transaction named, writing nothing of it."""
+
+
+class DedupConfig(BaseModel):
+    """Drop (to quarantine) a record whose event id the table already holds."""
+
+    model_config = _MODEL
+
+    window_days: Annotated[float, Field(gt=0)] = 7.0
+    """Ids are looked up among rows ingested this many days before the batch (a bounded window)."""
+
+
+EventIdSource = Annotated[str, Field(pattern=r"^(header:.+|key|field:[A-Za-z_][A-Za-z0-9_]*)$")]
+
+
 class PipelineConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True, populate_by_name=True)
 
@@ -105,6 +132,13 @@ class PipelineConfig(BaseModel):
     Each batch costs a few fixed Delta commits (about 2 s on 2 cores)."""
     trigger_interval_seconds: Annotated[float, Field(gt=0)] = 10.0
     """``--follow``: time between micro-batches when caught up."""
+    transactions: TransactionsConfig = TransactionsConfig()
+    event_id: EventIdSource = "header:id"
+    """Where a record's event id comes from (column ``_tidemark_event_id``): ``header:<name>``,
+    ``key`` (the Kafka key as text) or ``field:<name>`` (a field of the JSON payload)."""
+    dedup: DedupConfig | None = None
+    """Unset: no dedup. Set (``dedup: {}`` for the defaults): a record whose event id is already in the
+    batch or the table goes to quarantine as a duplicate, so counts still reconcile with Kafka."""
 
     @model_validator(mode="after")
     def _consistent(self) -> PipelineConfig:
@@ -117,7 +151,17 @@ class PipelineConfig(BaseModel):
                 raise ValueError(f"topic_pattern is not a valid regex: {exc}") from None
         if self.format == "json" and not self.schema_ddl:
             raise ValueError("format json needs `schema` (Spark DDL), or use format: raw")
+        if self.event_id.startswith("field:") and self.format != "json":
+            raise ValueError("event_id field:<name> needs format json; use header:<name> or key")
+        if self.transactions.atomic and not {"topic", "partition", "offset"} <= set(self.lineage):
+            raise ValueError("transactions.atomic needs the topic, partition and offset lineage columns")
         return self
+
+    def in_scope(self, topic: str) -> bool:
+        """Does this pipeline read ``topic``? (What a source transaction must deliver to it in full.)"""
+        if self.topic_pattern is not None:
+            return re.fullmatch(self.topic_pattern, topic) is not None
+        return topic in self.topics
 
     @property
     def quarantine_path(self) -> str:
@@ -203,6 +247,7 @@ class TidemarkConfig(BaseModel):
 _HINTS = {
     "start": "expected 'earliest', 'latest' or {timestamp: 2026-01-31T00:00:00Z}",
     "name": "use lower-case letters, digits, '-' or '_', starting with a letter (at most 63)",
+    "event_id": "expected header:<name>, key, or field:<json field>",
 }
 
 

@@ -1,0 +1,119 @@
+"""Source transactions in Spark (G3): the relay's headers as a column, and the planning scan.
+
+Every event the relay writes names its source transaction (``outbox.headers``). Here
+that becomes ``_tidemark_txn``, a struct of the transaction's id, the event's position,
+the declared size and how many events it declares for *this pipeline's* topics; a
+record without all of those headers (not from the relay) is its own transaction and
+gets null. The planning scan reads a proposed batch's ranges once, headers only, and
+returns for each multi-event transaction what :mod:`offsets.cut` needs to cut the batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from datetime import UTC, timedelta
+from typing import TYPE_CHECKING
+
+from offsets.cut import TxnSpan, cut_ranges, overdue
+from offsets.ledger import Intent
+from outbox import headers as H
+from tidemark.config import PipelineConfig
+from tidemark.errors import TerminalError
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, SparkSession
+
+log = logging.getLogger(__name__)
+
+TXN_COLUMN = "_tidemark_txn"
+
+
+class IncompleteTransactionError(TerminalError):
+    """A source transaction stayed incomplete past its timeout and the policy is ``stop``."""
+
+
+def header(name: str) -> Column:
+    """The first value of Kafka header ``name`` as text, or null."""
+    from pyspark.sql import functions as F
+
+    match = F.filter("headers", lambda h: h["key"] == F.lit(name))
+    return F.try_element_at(match, F.lit(1))["value"].cast("string")
+
+
+def txn_struct(pipeline: PipelineConfig) -> Column:
+    """``_tidemark_txn`` of a Kafka row: (id, position, size, expected, released=false), or null."""
+    from pyspark.sql import functions as F
+
+    txid, lsn = header(H.TXID), header(H.LSN)
+    position = F.expr(f"try_cast({_sql_str(H.POSITION)} AS INT)")
+    size = F.expr(f"try_cast({_sql_str(H.SIZE)} AS INT)")
+    counts = F.from_json(header(H.TOPIC_COUNTS), "map<string,int>")
+    if pipeline.topic_pattern is not None:
+        pattern = f"^(?:{pipeline.topic_pattern})$"
+        mine = F.map_filter(counts, lambda k, v: k.rlike(pattern))
+    else:
+        mine = F.map_filter(counts, lambda k, v: k.isin(*pipeline.topics))
+    # Without a readable per-topic count, every event is expected here.
+    expected = F.coalesce(F.aggregate(F.map_values(mine), F.lit(0), lambda acc, x: acc + x), size)
+    valid = txid.isNotNull() & lsn.isNotNull() & position.isNotNull() & size.isNotNull() & (size > 0)
+    return F.when(valid, F.struct(
+        F.concat(lsn, F.lit("/"), txid).alias("id"), position.alias("position"), size.alias("size"),
+        expected.alias("expected"), F.lit(False).alias("released")))
+
+
+def _sql_str(name: str) -> str:
+    """SQL for header ``name``'s text value (for try_cast, which has no Column API)."""
+    return f"try_element_at(filter(headers, h -> h.key = '{name}'), 1).value"
+
+
+def scan(spark: SparkSession, kafka_options: Mapping[str, str], pipeline: PipelineConfig,
+         intent: Intent) -> list[TxnSpan]:
+    """Every multi-event source transaction with an event in ``intent``'s ranges."""
+    from pyspark.sql import functions as F
+
+    from pipelines.transform import read_ranges
+
+    raw = read_ranges(spark, dict(kafka_options), intent)
+    txns = (raw.select("topic", "partition", "offset", "timestamp", txn_struct(pipeline).alias("t"))
+            .where(F.col("t").isNotNull() & (F.col("t.expected") > 1)))
+    per_partition = txns.groupBy("t.id", "topic", "partition").agg(
+        F.min("offset").alias("first"), F.max("offset").alias("last"),
+        F.collect_set("t.position").alias("positions"), F.max("t.expected").alias("expected"),
+        F.min("timestamp").alias("first_ts"))
+    per_txn = per_partition.groupBy("id").agg(
+        F.size(F.array_distinct(F.flatten(F.collect_list("positions")))).alias("seen"),
+        F.max("expected").alias("expected"), F.min("first_ts").alias("first_ts"),
+        F.collect_list(F.struct("topic", "partition", "first", "last")).alias("offsets"))
+    return [
+        TxnSpan(txn=row.id, seen=int(row.seen), expected=int(row.expected),
+                first_timestamp=row.first_ts.astimezone(UTC),
+                offsets={(o.topic, int(o.partition)): (int(o.first), int(o.last)) for o in row.offsets})
+        for row in per_txn.collect()
+    ]
+
+
+def cut(spark: SparkSession, kafka_options: Mapping[str, str], pipeline: PipelineConfig, intent: Intent) -> Intent:
+    """``intent`` cut at source-transaction boundaries, with the overdue ones released or refused."""
+    from dataclasses import replace
+
+    spans = scan(spark, kafka_options, pipeline, intent)
+    if not spans:
+        return intent
+    policy = pipeline.transactions
+    late = overdue(spans, intent.planned_at, timedelta(seconds=policy.incomplete_timeout_seconds))
+    if late and policy.on_incomplete == "stop":
+        names = ", ".join(f"{s.txn} ({s.seen} of {s.expected} events)" for s in late[:5])
+        raise IncompleteTransactionError(
+            f"pipeline {pipeline.name!r}: source transaction(s) incomplete for over "
+            f"{policy.incomplete_timeout_seconds:g} s: {names}. Nothing of them was written. Find the missing "
+            "events (relay, retention) or set transactions.on_incomplete: release to write them flagged")
+    decided = cut_ranges(intent.ranges, spans, released=[s.txn for s in late])
+    if decided.released:
+        log.error("ALERT pipeline %s batch %d: releasing %d incomplete source transaction(s) past %g s, "
+                  "flagged _tidemark_txn.released: %s", pipeline.name, intent.batch_id, len(decided.released),
+                  policy.incomplete_timeout_seconds, ", ".join(decided.released[:5]))
+    if decided.held:
+        log.info("batch %d: %d source transaction(s) not yet whole wait for a later batch",
+                 intent.batch_id, len(decided.held))
+    return replace(intent, ranges=decided.ranges, released=decided.released, held=len(decided.held))
