@@ -64,7 +64,7 @@ def txn_struct(pipeline: PipelineConfig) -> Column:
 
 def _sql_str(name: str) -> str:
     """SQL for header ``name``'s text value (for try_cast, which has no Column API)."""
-    return f"try_element_at(filter(headers, h -> h.key = '{name}'), 1).value"
+    return f"CAST(try_element_at(filter(headers, h -> h.key = '{name}'), 1).value AS STRING)"
 
 
 def scan(spark: SparkSession, kafka_options: Mapping[str, str], pipeline: PipelineConfig,

@@ -161,11 +161,42 @@ def cmd_offsets_show(args: argparse.Namespace) -> int:
     print(_table(rows, ("topic", "partition", "next offset", "LSO", "lag (offsets)")))
     print(f"\nbatches ({len(intents)} in ledger {pipeline.ledger_path}; last {args.last} shown):")
     history = [(str(i.batch_id), i.planned_at.isoformat(), str(sum(r.span for r in i.ranges)),
+                f"{i.held}/{len(i.released)}",
                 " ".join(f"{r.topic}[{r.partition}]:{r.start}-{r.end}" for r in i.ranges if r.span))
                for i in intents[-args.last:]]
-    print(_table(history, ("batch", "planned at", "offsets", "ranges")))
+    print(_table(history, ("batch", "planned at", "offsets", "txns held/released", "ranges")))
     print("\nnote: the newest batch is committed once `tidemark ingest` has run past it (a crash replays it)")
     return 0
+
+
+# -- quality ------------------------------------------------------------------------
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from connectors.kafka_config import librdkafka_config, spark_options
+    from infra.spark import build_session
+    from quality.audit import audit
+
+    config, pipeline, bootstrap = _pipeline_context(args)
+    docs = Path(args.docs) if args.docs else settings().home_dir / "quality"
+    spark = build_session(settings(), f"tidemark-check-{pipeline.name}")
+    try:
+        report = audit(spark, pipeline, kafka_options=spark_options(config.kafka, bootstrap),
+                       client_config=librdkafka_config(config.kafka, bootstrap), docs_dir=docs)
+    finally:
+        spark.stop()
+    rows = [(v.suite, v.check, "PASS" if v.passed else "FAIL", v.observed) for v in report.verdicts]
+    print(_table(rows, ("suite", "check", "verdict", "observed")))
+    print(f"
+Data Docs: file://{report.docs}")
+    if report.passed:
+        print(f"{pipeline.name}: all {len(rows)} checks passed")
+        return 0
+    failed = sum(1 for v in report.verdicts if not v.passed)
+    print(f"{pipeline.name}: {failed} of {len(rows)} checks FAILED; the Data Docs list the offending rows")
+    return 1
 
 
 # -- outbox and relay ---------------------------------------------------------------
@@ -287,6 +318,14 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--config", default="tidemark.yaml")
     show.add_argument("--last", type=int, default=10, help="how many batches of history to show")
     show.set_defaults(func=cmd_offsets_show)
+
+    check = sub.add_parser("check", help="quality checks of a pipeline's table (Great Expectations); "
+                                         "exit 1 if any fails")
+    check.add_argument("pipeline")
+    check.add_argument("--config", default="tidemark.yaml")
+    check.add_argument("--docs", metavar="DIR", help="where the GX project and Data Docs live "
+                                                     "(default ~/.tidemark/quality)")
+    check.set_defaults(func=cmd_check)
 
     outbox = sub.add_parser("outbox", help="the application's outbox table")
     outbox_sub = outbox.add_subparsers(dest="action", required=True, metavar="ACTION")

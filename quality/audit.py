@@ -1,0 +1,151 @@
+"""``tidemark check``: Great Expectations suites over a pipeline's Delta table, and their Data Docs.
+
+Three suites, each validated by a GX checkpoint on a Spark DataFrame (GX's Spark data
+source) whose results also build the Data Docs site:
+
+* **table** (the target at its current version): event id unique; (topic, partition,
+  offset) unique; Kafka keys not null; columns exactly the pipeline's schema;
+* **transactions** (:func:`quality.facts.transactions`): every source transaction
+  complete (G3), including the ones a timeout released;
+* **reconciliation** (:func:`quality.facts.reconciliation`): per partition, Kafka's
+  committed records equal table rows plus quarantine rows.
+
+The GX project lives in ``<docs_dir>/gx`` (a file data context), so results accumulate
+and the site shows every run.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipelines.dedup import EVENT_ID_COLUMN
+from pipelines.transactions import TXN_COLUMN
+from quality import facts
+from tidemark.config import PipelineConfig
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+LINEAGE_NAMES = {"topic": "_kafka_topic", "partition": "_kafka_partition", "offset": "_kafka_offset",
+                 "timestamp": "_kafka_timestamp", "key": "_kafka_key", "headers": "_kafka_headers",
+                 "batch_id": "_tidemark_batch_id"}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    suite: str
+    check: str
+    passed: bool
+    observed: str
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    pipeline: str
+    verdicts: tuple[Verdict, ...]
+    docs: Path
+    """The Data Docs site's index.html."""
+
+    @property
+    def passed(self) -> bool:
+        return all(v.passed for v in self.verdicts)
+
+
+def expected_columns(pipeline: PipelineConfig) -> list[str]:
+    from pyspark.sql.types import StructType
+
+    if pipeline.format == "json":
+        schema = StructType.fromDDL(pipeline.schema_ddl or "")
+        payload = [f.name for f in schema.fields]
+    else:
+        payload = ["value"]
+    extra = [EVENT_ID_COLUMN] + ([TXN_COLUMN] if pipeline.transactions.atomic else [])
+    return [*payload, *(LINEAGE_NAMES[c] for c in pipeline.lineage), *extra, "_tidemark_ingested_at"]
+
+
+def _suites(pipeline: PipelineConfig) -> dict[str, list[tuple[str, Any]]]:
+    import great_expectations.expectations as gxe
+
+    table: list[tuple[str, Any]] = [
+        ("event id unique", gxe.ExpectColumnValuesToBeUnique(column=EVENT_ID_COLUMN)),
+        ("columns match the pipeline's schema",
+         gxe.ExpectTableColumnsToMatchSet(column_set=expected_columns(pipeline), exact_match=True)),
+    ]
+    if {"topic", "partition", "offset"} <= set(pipeline.lineage):
+        table.insert(1, ("(topic, partition, offset) unique", gxe.ExpectCompoundColumnsToBeUnique(
+            column_list=["_kafka_topic", "_kafka_partition", "_kafka_offset"])))
+    if "key" in pipeline.lineage:
+        table.append(("Kafka keys not null", gxe.ExpectColumnValuesToNotBeNull(column="_kafka_key")))
+    suites = {"table": table}
+    if pipeline.transactions.atomic:
+        suites["transactions"] = [("every source transaction complete",
+                                   gxe.ExpectColumnValuesToBeNull(column="problem"))]
+    suites["reconciliation"] = [("Kafka records = table rows + quarantine rows",
+                                 gxe.ExpectColumnValuesToBeBetween(column="difference", min_value=0, max_value=0))]
+    return suites
+
+
+def _observed(result: Any) -> str:
+    """A short human account of one expectation result."""
+    details = result.result or {}
+    if "unexpected_count" in details:
+        sample = details.get("partial_unexpected_list") or []
+        shown = "; ".join(str(s) for s in sample[:3])
+        return f"{details['unexpected_count']} unexpected" + (f" (e.g. {shown})" if shown else "")
+    observed = details.get("observed_value")
+    if isinstance(observed, list) and not result.success:
+        mismatch = details.get("details", {}).get("mismatched") or {}
+        return f"columns differ: {mismatch}" if mismatch else f"columns: {observed}"
+    return "ok" if result.success else str(observed)
+
+
+def audit(spark: SparkSession, pipeline: PipelineConfig, *, kafka_options: dict[str, str],
+          client_config: dict[str, str], docs_dir: Path) -> AuditReport:
+    """Validate the pipeline's table with GX, update the Data Docs, return the verdicts."""
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")  # no usage statistics leave the machine
+    import great_expectations as gx
+    from great_expectations.checkpoint import UpdateDataDocsAction
+
+    from offsets.tables import delta_table_exists
+    from tidemark.errors import ConfigError
+
+    if not delta_table_exists(spark, pipeline.target):
+        raise ConfigError(f"pipeline {pipeline.name!r} has no table at {pipeline.target} yet; "
+                          f"run `tidemark ingest {pipeline.name}` first")
+    table = spark.read.format("delta").load(pipeline.target)
+    frames: dict[str, DataFrame] = {"table": table}
+    if pipeline.transactions.atomic:
+        frames["transactions"] = facts.transactions(table)
+    frames["reconciliation"] = facts.reconciliation(spark, kafka_options, client_config, pipeline)
+
+    docs_dir.mkdir(parents=True, exist_ok=True)
+    context = gx.get_context(mode="file", project_root_dir=str(docs_dir))
+    source = context.data_sources.add_or_update_spark(name="tidemark")
+    verdicts: list[Verdict] = []
+    for suite_name, checks in _suites(pipeline).items():
+        name = f"{pipeline.name}.{suite_name}"
+        try:
+            asset = source.get_asset(name)
+        except LookupError:
+            asset = source.add_dataframe_asset(name=name)
+        try:
+            batch = asset.get_batch_definition("whole")
+        except (KeyError, LookupError):
+            batch = asset.add_batch_definition_whole_dataframe("whole")
+        suite = context.suites.add_or_update(gx.ExpectationSuite(name=name, expectations=[c for _, c in checks]))
+        definition = context.validation_definitions.add_or_update(
+            gx.ValidationDefinition(name=name, data=batch, suite=suite))
+        checkpoint = context.checkpoints.add_or_update(gx.Checkpoint(
+            name=name, validation_definitions=[definition], result_format="SUMMARY",
+            actions=[UpdateDataDocsAction(name="data_docs")]))
+        run = checkpoint.run(batch_parameters={"dataframe": frames[suite_name].cache()})
+        results = next(iter(run.run_results.values())).results
+        for (label, _), result in zip(checks, results, strict=True):
+            verdicts.append(Verdict(suite_name, label, bool(result.success), _observed(result)))
+        frames[suite_name].unpersist()
+    context.build_data_docs()
+    index = docs_dir / "gx" / "uncommitted" / "data_docs" / "local_site" / "index.html"
+    return AuditReport(pipeline.name, tuple(verdicts), index)

@@ -1,0 +1,180 @@
+"""G3, dedup and the quality audit on real Kafka, Spark and Delta.
+
+Source transactions are written here the way the relay writes them (one Kafka
+transaction, ``tidemark.*`` headers), which lets a test leave an event out: the
+truncated transactions the policy exists for.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+from offsets.ledger import Ledger
+from offsets.tables import delta_table_exists
+from outbox import headers as H
+from pipelines.ingest import IngestJob
+from pipelines.transactions import IncompleteTransactionError
+from quality.audit import audit
+from tests.kafka_helpers import transactional_producer
+from tidemark.config import TidemarkConfig, parse_config
+
+
+def _config(bootstrap: str, tmp: Path, topics: list[str], name: str = "events", **extra: Any) -> TidemarkConfig:
+    pipeline = {"name": name, "topics": topics, "target": str(tmp / name), "schema": "n BIGINT", **extra}
+    return parse_config({"kafka": {"bootstrap_servers": bootstrap}, "pipelines": [pipeline]})
+
+
+class SourceTxns:
+    """Writes source transactions as the relay does; ``drop`` leaves chosen events out."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.producer = transactional_producer(bootstrap)
+        self.txid = 1000
+        self.n = 0
+
+    def write(self, events: list[tuple[str, int]], *, drop: frozenset[int] = frozenset()) -> str:
+        """``events``: (topic, partition) per event; returns the transaction's id as the table shows it."""
+        self.txid += 1
+        lsn = f"0/{self.txid:X}"
+        counts: dict[str, int] = defaultdict(int)
+        for topic, _ in events:
+            counts[topic] += 1
+        self.producer.begin_transaction()
+        for position, (topic, partition) in enumerate(events):
+            if position in drop:
+                continue
+            self.n += 1
+            headers = [(H.EVENT_ID, str(uuid.uuid4())), (H.TXID, str(self.txid)), (H.LSN, lsn),
+                       (H.POSITION, str(position)), (H.SIZE, str(len(events))),
+                       (H.TOPIC_COUNTS, json.dumps(dict(sorted(counts.items())), separators=(",", ":")))]
+            self.producer.produce(topic, value=json.dumps({"n": self.n}).encode(), key=b"k", partition=partition,
+                                  headers=headers)
+        self.producer.commit_transaction(30)
+        return f"{lsn}/{self.txid}"
+
+
+def _txns(spark: Any, target: str, version: int | None = None) -> dict[str, tuple[int, int, bool]]:
+    """Per source transaction in the table: (rows, expected, released)."""
+    reader = spark.read.format("delta")
+    if version is not None:
+        reader = reader.option("versionAsOf", version)
+    rows = reader.load(target).where("_tidemark_txn IS NOT NULL").groupBy("_tidemark_txn.id").agg(
+        {"*": "count", "_tidemark_txn.expected": "max", "_tidemark_txn.released": "max"}).collect()
+    return {r[0]: (int(r[1]), int(r[2]), bool(r[3])) for r in rows}
+
+
+def _versions(spark: Any, target: str) -> list[int]:
+    from delta.tables import DeltaTable
+
+    return sorted(int(r.version) for r in DeltaTable.forPath(spark, target).history().select("version").collect())
+
+
+def test_truncated_transaction_waits_then_is_released_flagged_and_reported(
+        spark, kafka_bootstrap: str, topic_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    a, b = topic_factory("g3a", partitions=2), topic_factory("g3b", partitions=2)
+    src = SourceTxns(kafka_bootstrap)
+    whole1 = src.write([(a, 0), (b, 1), (a, 1)])
+    truncated = src.write([(a, 0), (b, 0)], drop=frozenset({1}))  # its b event never reached Kafka
+    whole2 = src.write([(a, 0), (b, 0), (b, 1)])  # after the truncated one in a[0]: waits behind it
+    config = _config(kafka_bootstrap, tmp_path, [a, b], transactions={"incomplete_timeout_seconds": 4})
+    pipeline = config.pipelines[0]
+
+    IngestJob(spark, config, pipeline, kafka_bootstrap).run_bounded()
+    assert _txns(spark, pipeline.target) == {whole1: (3, 3, False)}
+    last = Ledger(spark, pipeline.ledger_path, pipeline.name).last()
+    assert last is not None and last.held == 2 and last.released == ()
+
+    time.sleep(5)
+    IngestJob(spark, config, pipeline, kafka_bootstrap).run_bounded()
+    assert _txns(spark, pipeline.target) == {whole1: (3, 3, False), truncated: (1, 2, True), whole2: (3, 3, False)}
+    released = [i for i in Ledger(spark, pipeline.ledger_path, pipeline.name).history() if i.released]
+    assert [i.released for i in released] == [(truncated,)]
+
+    report = audit(spark, pipeline, kafka_options={"kafka.bootstrap.servers": kafka_bootstrap},
+                   client_config={"bootstrap.servers": kafka_bootstrap}, docs_dir=tmp_path / "docs")
+    verdicts = {v.check: v for v in report.verdicts}
+    assert not verdicts["every source transaction complete"].passed
+    assert truncated in verdicts["every source transaction complete"].observed
+    assert verdicts["Kafka records = table rows + quarantine rows"].passed
+    assert verdicts["event id unique"].passed and verdicts["(topic, partition, offset) unique"].passed
+    assert verdicts["columns match the pipeline's schema"].passed
+    assert not report.passed and report.docs.exists()
+
+
+def test_stop_policy_writes_nothing_of_an_overdue_transaction(
+        spark, kafka_bootstrap: str, topic_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    a, b = topic_factory("g3s", partitions=1), topic_factory("g3s", partitions=1)
+    src = SourceTxns(kafka_bootstrap)
+    truncated = src.write([(a, 0), (b, 0)], drop=frozenset({0}))
+    time.sleep(1.5)
+    config = _config(kafka_bootstrap, tmp_path, [a, b],
+                     transactions={"incomplete_timeout_seconds": 1, "on_incomplete": "stop"})
+    with pytest.raises(IncompleteTransactionError, match=truncated):
+        IngestJob(spark, config, config.pipelines[0], kafka_bootstrap).run_bounded()
+    assert not delta_table_exists(spark, config.pipelines[0].target)
+
+
+def test_every_table_version_holds_whole_transactions_under_tiny_batches(
+        spark, kafka_bootstrap: str, topic_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import random
+
+    topics = [topic_factory("g3m", partitions=3) for _ in range(3)]
+    src, rng = SourceTxns(kafka_bootstrap), random.Random(11)
+    written = {}
+    for _ in range(40):
+        events = [(rng.choice(topics), rng.randrange(3)) for _ in range(rng.randint(1, 8))]
+        written[src.write(events)] = len(events)
+    config = _config(kafka_bootstrap, tmp_path, topics, max_records_per_batch=7)
+    pipeline = config.pipelines[0]
+    report = IngestJob(spark, config, pipeline, kafka_bootstrap).run_bounded()
+    assert len(report.batches) >= 10
+    intents = Ledger(spark, pipeline.ledger_path, pipeline.name).history()
+    assert any(i.held for i in intents), "no batch cut a transaction: the test proves less than it claims"
+    for version in _versions(spark, pipeline.target):
+        for txn, (rows, expected, released) in _txns(spark, pipeline.target, version).items():
+            assert rows == expected == written[txn] and not released, f"version {version}: {txn} has {rows} rows"
+    assert {t: n for t, (n, _, _) in _txns(spark, pipeline.target).items()} == written
+
+
+def test_dedup_quarantines_copies_and_the_audit_catches_them_without_it(
+        spark, kafka_bootstrap: str, topic_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    topic = topic_factory("dedup", partitions=2)
+    plain = Producer({"bootstrap.servers": kafka_bootstrap})  # not transactional, not idempotent
+
+    def send(ids: list[int]) -> None:
+        for i in ids:
+            plain.produce(topic, value=json.dumps({"n": i}).encode(), key=str(i % 5).encode(),
+                          partition=i % 2, headers=[("id", f"event-{i}")])
+        plain.flush(30)
+
+    send(list(range(30)))
+    send(list(range(10)))  # copies in the same batch as the originals
+    deduped = _config(kafka_bootstrap, tmp_path, [topic], name="deduped", dedup={})
+    plain_cfg = _config(kafka_bootstrap, tmp_path, [topic], name="plain")
+    IngestJob(spark, deduped, deduped.pipelines[0], kafka_bootstrap).run_bounded()
+    send([10, 11, 12, 13, 14, 30, 31])  # copies of rows already in the table, and new events
+    IngestJob(spark, deduped, deduped.pipelines[0], kafka_bootstrap).run_bounded()
+    IngestJob(spark, plain_cfg, plain_cfg.pipelines[0], kafka_bootstrap).run_bounded()
+
+    pipeline = deduped.pipelines[0]
+    ids = [r[0] for r in spark.read.format("delta").load(pipeline.target).select("_tidemark_event_id").collect()]
+    assert sorted(ids) == sorted(f"event-{i}" for i in range(32))
+    errors = [r.error for r in spark.read.format("delta").load(pipeline.quarantine_path).collect()]
+    assert len(errors) == 15 and all(e.startswith("duplicate: event id event-") for e in errors)
+    assert sum("in this batch" in e for e in errors) == 10 and sum("already in the table" in e for e in errors) == 5
+
+    options = {"kafka_options": {"kafka.bootstrap.servers": kafka_bootstrap},
+               "client_config": {"bootstrap.servers": kafka_bootstrap}, "docs_dir": tmp_path / "docs"}
+    good = audit(spark, pipeline, **options)
+    assert good.passed, good.verdicts
+    bad = {v.check: v for v in audit(spark, plain_cfg.pipelines[0], **options).verdicts}
+    assert not bad["event id unique"].passed and "15 unexpected" in bad["event id unique"].observed
+    assert bad["Kafka records = table rows + quarantine rows"].passed
