@@ -13,7 +13,8 @@ ledger; docs/design.md has the table of every crash point between them):
    new), up to a snapshot of each partition's LSO, within the record cap. Then the
    pipeline's ``decide`` fixes what a replay must repeat, not re-make: the cut at
    source-transaction boundaries (G3, :mod:`offsets.cut`), the incomplete transactions
-   released past their timeout, the table version dedup reads. Nothing to read: stop.
+   released past their timeout, the table version dedup reads. A cut that leaves
+   nothing doubles the cap until a transaction fits whole. Nothing to read: stop.
 3. **Claim.** Append intent ``N+1`` to the ledger with ``txnAppId=<pipeline>``,
    ``txnVersion=N+1``, then re-read it: another writer's intent there means another run
    owns the pipeline (:class:`ConcurrentWriterError`); its batch is never written by us.
@@ -294,16 +295,35 @@ class CommitProtocol:
         previous = last.ends() if last else {}
         fresh = [tp for tp in bounds if tp not in previous]
         starts = new_partition_starts(fresh) if fresh else {}
-        ranges = plan_ranges(previous, bounds, starts, max_offsets)
         next_id = (last.batch_id if last else 0) + 1
-        intent = Intent(self.pipeline, next_id, self.writer_id, now_utc(), ranges)
-        if self.decide is not None and not intent.is_empty:
-            intent = self.decide(intent)
+        intent = self._plan(next_id, previous, bounds, starts, max_offsets)
         if intent.is_empty and set(bounds) <= set(previous):
             return replay, None
         _crash_point("planned")
 
         return replay, self._claim_and_write(intent)
+
+    def _plan(self, batch_id: int, previous: Mapping[TP, int], bounds: Mapping[TP, PartitionBounds],
+              starts: Mapping[TP, int], max_offsets: int) -> Intent:
+        """Step 2: ranges within the cap, then the pipeline's decisions.
+
+        If the cut leaves nothing, a source transaction is larger than the cap lets a
+        batch be: the cap doubles (up to everything readable) until one fits whole, so a
+        big transaction can never stall the pipeline; only one incomplete in Kafka waits.
+        """
+        planned_at = now_utc()
+        cap = max_offsets
+        while True:
+            ranges = plan_ranges(previous, bounds, starts, cap)
+            intent = Intent(self.pipeline, batch_id, self.writer_id, planned_at, ranges)
+            if self.decide is None or intent.is_empty:
+                return intent
+            decided = self.decide(intent)
+            readable = sum(b.stable_end - (previous[tp] if tp in previous else starts[tp])
+                           for tp, b in bounds.items())
+            if not decided.is_empty or cap >= readable:
+                return decided
+            cap *= 2
 
     def run_intent(self, planned: Intent) -> tuple[BatchResult | None, BatchResult | None]:
         """Steps 1 and 3-5 for a batch planned elsewhere: a backfill of a stored batch's exact ranges.

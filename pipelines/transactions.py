@@ -110,9 +110,11 @@ def cut(spark: SparkSession, kafka_options: Mapping[str, str], pipeline: Pipelin
             "events (relay, retention) or set transactions.on_incomplete: release to write them flagged")
     decided = cut_ranges(intent.ranges, spans, released=[s.txn for s in late])
     if decided.released:
-        log.error("ALERT pipeline %s batch %d: releasing %d incomplete source transaction(s) past %g s, "
-                  "flagged _tidemark_txn.released: %s", pipeline.name, intent.batch_id, len(decided.released),
-                  policy.incomplete_timeout_seconds, ", ".join(decided.released[:5]))
+        oldest = max((intent.planned_at - s.first_timestamp).total_seconds() for s in late)
+        log.error("ALERT pipeline %s batch %d: releasing %d incomplete source transaction(s) past %g s "
+                  "(oldest first seen %.0f s ago), flagged _tidemark_txn.released: %s", pipeline.name,
+                  intent.batch_id, len(decided.released), policy.incomplete_timeout_seconds, oldest,
+                  ", ".join(decided.released[:5]))
     if decided.held:
         log.info("batch %d: %d source transaction(s) not yet whole wait for a later batch",
                  intent.batch_id, len(decided.held))

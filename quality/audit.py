@@ -54,15 +54,26 @@ class AuditReport:
         return all(v.passed for v in self.verdicts)
 
 
+TXN_FIELDS = ("id", "position", "size", "expected", "released")
+
+
 def expected_columns(pipeline: PipelineConfig) -> list[str]:
+    """The table's columns as GX's Spark source lists them: struct fields also as ``a.b``."""
     from pyspark.sql.types import StructType
 
-    if pipeline.format == "json":
-        schema = StructType.fromDDL(pipeline.schema_ddl or "")
-        payload = [f.name for f in schema.fields]
-    else:
-        payload = ["value"]
-    extra = [EVENT_ID_COLUMN] + ([TXN_COLUMN] if pipeline.transactions.atomic else [])
+    def flat(schema: StructType, prefix: str = "") -> list[str]:
+        names = []
+        for f in schema.fields:
+            names.append(prefix + f.name)
+            if isinstance(f.dataType, StructType):
+                names += flat(f.dataType, f"{prefix}{f.name}.")
+        return names
+
+    declared = StructType.fromDDL(pipeline.schema_ddl or "")
+    payload = flat(declared) if pipeline.format == "json" and isinstance(declared, StructType) else ["value"]
+    extra = [EVENT_ID_COLUMN]
+    if pipeline.transactions.atomic:
+        extra += [TXN_COLUMN, *(f"{TXN_COLUMN}.{f}" for f in TXN_FIELDS)]
     return [*payload, *(LINEAGE_NAMES[c] for c in pipeline.lineage), *extra, "_tidemark_ingested_at"]
 
 

@@ -189,8 +189,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         spark.stop()
     rows = [(v.suite, v.check, "PASS" if v.passed else "FAIL", v.observed) for v in report.verdicts]
     print(_table(rows, ("suite", "check", "verdict", "observed")))
-    print(f"
-Data Docs: file://{report.docs}")
+    print(f"\nData Docs: file://{report.docs}")
     if report.passed:
         print(f"{pipeline.name}: all {len(rows)} checks passed")
         return 0
