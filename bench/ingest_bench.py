@@ -125,10 +125,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=2, help="runs per contender, order alternating")
     parser.add_argument("--bootstrap", help="use this Kafka cluster instead of a fresh embedded broker")
     parser.add_argument("--tidemark-cap", type=int, help="Tidemark's max_records_per_batch (default: its default)")
+    parser.add_argument("--g3", choices=("on", "off"), default="on",
+                        help="Tidemark's transactions.atomic (off: no planning scan; these records have no "
+                             "multi-event source transactions, so G3 holds either way)")
     parser.add_argument("--output", help="also write the markdown report to this file")
     args = parser.parse_args(argv)
     if args.tidemark_cap:
         TIDEMARK_OPTIONS["max_records_per_batch"] = args.tidemark_cap
+    if args.g3 == "off":
+        TIDEMARK_OPTIONS["transactions"] = {"atomic": False}
 
     from infra.spark import build_session, versions
     from tidemark.settings import load_settings

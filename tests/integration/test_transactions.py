@@ -8,6 +8,8 @@ truncated transactions the policy exists for.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 import uuid
 from collections import defaultdict
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from confluent_kafka import Producer
 
 from offsets.ledger import Ledger
@@ -113,6 +116,16 @@ def test_truncated_transaction_waits_then_is_released_flagged_and_reported(
     assert verdicts["event id unique"].passed and verdicts["(topic, partition, offset) unique"].passed
     assert verdicts["columns match the pipeline's schema"].passed
     assert not report.passed and report.docs.exists()
+
+    # The command: a verdict table, the Data Docs path, exit 1.
+    path = tmp_path / "tidemark.yaml"
+    path.write_text(yaml.safe_dump(json.loads(config.model_dump_json(by_alias=True, exclude_none=True))))
+    done = subprocess.run([sys.executable, "-m", "tidemark.cli", "check", pipeline.name, "--config", str(path),
+                           "--docs", str(tmp_path / "docs")], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 1, done.stdout + done.stderr
+    verdict = next(line for line in done.stdout.splitlines() if "every source transaction complete" in line)
+    assert " FAIL " in verdict and truncated in verdict, verdict
+    assert "checks FAILED" in done.stdout and "Data Docs: file://" in done.stdout
 
 
 def test_stop_policy_writes_nothing_of_an_overdue_transaction(
