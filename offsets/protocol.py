@@ -14,7 +14,7 @@ ledger; docs/design.md has the table of every crash point between them):
    pipeline's ``decide`` fixes what a replay must repeat, not re-make: the cut at
    source-transaction boundaries (G3, :mod:`offsets.cut`), the incomplete transactions
    released past their timeout, the table version dedup reads. A cut that leaves
-   nothing doubles the cap until a transaction fits whole. Nothing to read: stop.
+   nothing grows the cap fourfold until a transaction fits whole. Nothing to read: stop.
 3. **Claim.** Append intent ``N+1`` to the ledger with ``txnAppId=<pipeline>``,
    ``txnVersion=N+1``, then re-read it: another writer's intent there means another run
    owns the pipeline (:class:`ConcurrentWriterError`); its batch is never written by us.
@@ -308,8 +308,9 @@ class CommitProtocol:
         """Step 2: ranges within the cap, then the pipeline's decisions.
 
         If the cut leaves nothing, a source transaction is larger than the cap lets a
-        batch be: the cap doubles (up to everything readable) until one fits whole, so a
-        big transaction can never stall the pipeline; only one incomplete in Kafka waits.
+        batch be: the cap grows fourfold (up to everything readable) until one fits whole,
+        so a big transaction can never stall the pipeline; only one incomplete in Kafka
+        waits. Each try is a scan, hence the steep growth.
         """
         planned_at = now_utc()
         cap = max_offsets
@@ -323,7 +324,7 @@ class CommitProtocol:
                            for tp, b in bounds.items())
             if not decided.is_empty or cap >= readable:
                 return decided
-            cap *= 2
+            cap *= 4
 
     def run_intent(self, planned: Intent) -> tuple[BatchResult | None, BatchResult | None]:
         """Steps 1 and 3-5 for a batch planned elsewhere: a backfill of a stored batch's exact ranges.
