@@ -38,6 +38,21 @@ def _config(setup: RelaySetup, target: Path, cap: int) -> Path:
     return path
 
 
+def _versions(table: Path) -> int:
+    """Committed versions of a Delta table, from its log's file names (no Spark needed)."""
+    log = table / "_delta_log"
+    return sum(1 for f in log.glob("*.json") if f.stem.isdigit()) if log.is_dir() else 0
+
+
+def _wait_for_new_version(table: Path, before: int, proc: subprocess.Popen[bytes], log: Path,
+                          timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while _versions(table) <= before:
+        assert proc.poll() is None, f"ingest exited {proc.returncode}: {log.read_text()[-2000:]}"
+        assert time.monotonic() < deadline, f"no commit within {timeout:.0f}s: {log.read_text()[-2000:]}"
+        time.sleep(0.2)
+
+
 def test_source_transactions_are_whole_in_every_version_across_kills(
         spark, postgres_dsn: str, kafka_bootstrap: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from delta.tables import DeltaTable
@@ -49,26 +64,32 @@ def test_source_transactions_are_whole_in_every_version_across_kills(
     writers = Writers(setup, threads=2, pause=0.4, late_rate=0.2, rollback_rate=0.15).start()
     relay = setup.start("--partitions", "3")
     rng = random.Random(17)
-    kills = 0
+    kills = round_ = 0
     try:
-        for round_ in range(10):
+        # At least 8 kills, and on until the table has 10 versions to time-travel over: on a
+        # loaded machine a batch takes ~8 s, so the round count adapts instead of the bar.
+        while (kills < 8 or _versions(target) < 10) and round_ < 16:
             config = _config(setup, target, rng.choice([20, 60, 250, 1000]))
             crash_at = rng.choice(CRASH_POINTS) if round_ % 2 else None
-            log = open(tmp_path / f"ingest-{round_}.log", "wb")  # noqa: SIM115 - the child owns it
+            log_path = tmp_path / f"ingest-{round_}.log"
+            log = open(log_path, "wb")  # noqa: SIM115 - the child owns it
+            before = _versions(target)
             proc = subprocess.Popen(ingest_argv(config, "--follow", pipeline="events"), env=process_env(crash_at),
                                     stdout=log, stderr=log, start_new_session=True)
             if crash_at is None:
-                time.sleep(rng.uniform(25, 50))  # start-up and recovery take ~15 s of it under this load
-                kill_group(proc)  # type: ignore[arg-type]
-                kills += 1
+                # A random instant after this run's first commit: its next batch's plan,
+                # claim, write or settle, or the idle wait between batches.
+                _wait_for_new_version(target, before, proc, log_path)
+                time.sleep(rng.uniform(0, 8))
             else:
                 try:
                     code = proc.wait(240)
                 except subprocess.TimeoutExpired:  # the step never came round: count it as a random kill
                     code = -signal.SIGKILL
-                kill_group(proc)  # type: ignore[arg-type]  (the driver's JVM too)
-                assert code == -signal.SIGKILL, (crash_at, code, (tmp_path / f"ingest-{round_}.log").read_text())
-                kills += 1
+                assert code == -signal.SIGKILL, (crash_at, code, log_path.read_text())
+            kill_group(proc)  # type: ignore[arg-type]  (the driver's JVM too)
+            kills += 1
+            round_ += 1
     finally:
         writers.stop()
         relay.send_signal(signal.SIGTERM)
