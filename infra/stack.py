@@ -8,12 +8,14 @@ inside the calling process (``local[*]``) or a cluster named by ``TIDEMARK_SPARK
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from infra import jars as jar_cache
 from infra.kafka import EmbeddedKafka
 from infra.postgres import EmbeddedPostgres
+from infra.prefect_server import EmbeddedPrefect
 from tidemark.settings import Settings
 
 
@@ -44,6 +46,17 @@ class Stack:
             return None
         return EmbeddedPostgres(self.root / "postgres", port=self.settings.postgres.port)
 
+    def prefect(self) -> EmbeddedPrefect | None:
+        """The embedded Prefect server, unless ``PREFECT_API_URL`` names one."""
+        if os.environ.get("PREFECT_API_URL"):
+            return None
+        return EmbeddedPrefect(self.root / "prefect", port=self.settings.prefect.port)
+
+    def prefect_api(self) -> str:
+        """The Prefect API to use: ``PREFECT_API_URL``, else the embedded server (started if needed)."""
+        server = self.prefect()
+        return server.start() if server else os.environ["PREFECT_API_URL"]
+
     def endpoints(self) -> Endpoints:
         kafka = self.kafka()
         pg = self.postgres()
@@ -71,6 +84,9 @@ class Stack:
 
     def down(self) -> None:
         """Stop every embedded server this home runs; idempotent."""
+        prefect = self.prefect()
+        if prefect:
+            prefect.stop()
         kafka = self.kafka()
         if kafka:
             kafka.stop()
@@ -95,11 +111,22 @@ class Stack:
             rows.append(("PostgreSQL (embedded)", pg_version, pg.describe()))
         else:
             rows.append(("PostgreSQL (external)", pg_version, "TIDEMARK_POSTGRES__DSN"))
+        prefect = self.prefect()
+        if prefect:
+            rows.append(("Prefect server (embedded)", _prefect_version(), prefect.describe()))
+        else:
+            rows.append(("Prefect server (external)", _prefect_version(), os.environ["PREFECT_API_URL"]))
         v = versions(self.settings)
         rows.append(("Spark", v["pyspark"], self.settings.spark.master))
         rows.append(("Delta Lake", v["delta-spark (jar)"], f"python package {v['delta-spark (python)']}"))
         rows.append(("spark-sql-kafka", v["spark-sql-kafka (jar)"], "jar cache " + str(self.settings.home_dir / "jars")))
         return rows
+
+
+def _prefect_version() -> str:
+    from importlib.metadata import version
+
+    return version("prefect")
 
 
 def _postgres_version(dsn: str) -> str:

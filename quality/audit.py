@@ -16,8 +16,10 @@ and the site shows every run.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -159,4 +161,28 @@ def audit(spark: SparkSession, pipeline: PipelineConfig, *, kafka_options: dict[
         frames[suite_name].unpersist()
     context.build_data_docs()
     index = docs_dir / "gx" / "uncommitted" / "data_docs" / "local_site" / "index.html"
-    return AuditReport(pipeline.name, tuple(verdicts), index)
+    report = AuditReport(pipeline.name, tuple(verdicts), index)
+    _record_last(report, docs_dir)
+    return report
+
+
+def _last_path(docs_dir: Path, pipeline: str) -> Path:
+    return docs_dir / "verdicts" / f"{pipeline}.json"
+
+
+def _record_last(report: AuditReport, docs_dir: Path) -> None:
+    """Keep the newest verdict where ``tidemark status`` finds it without running GX again."""
+    path = _last_path(docs_dir, report.pipeline)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    failed = [f"{v.suite}: {v.check}" for v in report.verdicts if not v.passed]
+    record = {"pipeline": report.pipeline, "at": datetime.now(UTC).isoformat(timespec="seconds"),
+              "passed": report.passed, "checks": len(report.verdicts), "failed": failed, "docs": str(report.docs)}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.replace(path)  # readers never see half a record
+
+
+def last_verdict(docs_dir: Path, pipeline: str) -> dict[str, Any] | None:
+    """The newest audit's verdict of ``pipeline`` (as written by :func:`audit`), or None."""
+    path = _last_path(docs_dir, pipeline)
+    return json.loads(path.read_text()) if path.exists() else None

@@ -74,18 +74,10 @@ def cmd_stack_status(args: argparse.Namespace) -> int:
 
 def _pipeline_context(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     """(config, pipeline, bootstrap servers) for commands that act on one pipeline."""
-    from pathlib import Path
+    from tidemark.context import pipeline_context
 
-    from tidemark.config import load_config
-
-    config = load_config(Path(args.config))
-    pipeline = config.pipeline(args.pipeline)
-    bootstrap = config.kafka.bootstrap_servers
-    if bootstrap is None:
-        from infra.stack import Stack
-
-        bootstrap = Stack(settings()).endpoints().kafka_bootstrap
-    return config, pipeline, bootstrap
+    ctx = pipeline_context(args.config, args.pipeline)
+    return ctx.config, ctx.pipeline, ctx.bootstrap
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
@@ -138,9 +130,9 @@ def cmd_backfill(args: argparse.Namespace) -> int:
 
 
 def cmd_offsets_show(args: argparse.Namespace) -> int:
-    from connectors.admin import KafkaAdmin
     from connectors.kafka_config import librdkafka_config
     from infra.spark import build_session
+    from offsets.lag import partition_lags
     from offsets.ledger import Ledger
 
     config, pipeline, bootstrap = _pipeline_context(args)
@@ -150,14 +142,9 @@ def cmd_offsets_show(args: argparse.Namespace) -> int:
     finally:
         spark.stop()
     committed = intents[-1].ends() if intents else {}
-    with KafkaAdmin(librdkafka_config(config.kafka, bootstrap)) as admin:
-        topics = admin.topics_matching(pipeline.topics, pipeline.topic_pattern)
-        bounds = admin.bounds(admin.partitions(topics))
-    rows = []
-    for (topic, part), b in sorted(bounds.items()):
-        done = committed.get((topic, part))
-        lag = b.stable_end - done if done is not None else b.stable_end - b.log_start
-        rows.append((topic, str(part), "-" if done is None else str(done), str(b.stable_end), str(lag)))
+    lags = partition_lags(librdkafka_config(config.kafka, bootstrap), pipeline, committed)
+    rows = [(x.topic, str(x.partition), "-" if x.next_offset is None else str(x.next_offset), str(x.lso), str(x.lag))
+            for x in lags]
     print(_table(rows, ("topic", "partition", "next offset", "LSO", "lag (offsets)")))
     print(f"\nbatches ({len(intents)} in ledger {pipeline.ledger_path}; last {args.last} shown):")
     history = [(str(i.batch_id), i.planned_at.isoformat(), str(sum(r.span for r in i.ranges)),
@@ -261,6 +248,65 @@ def cmd_relay_status(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- orchestration and status -------------------------------------------------------
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import os
+    from pathlib import Path
+
+    from infra.stack import Stack
+    from tidemark.config import load_config
+
+    config = load_config(Path(args.config))
+    if not config.pipelines and not args.relay:
+        from tidemark.errors import ConfigError
+
+        raise ConfigError(f"{args.config} declares no pipelines and --relay was not given: nothing to serve")
+    stack = Stack(settings())
+    server = stack.prefect()
+    os.environ["PREFECT_API_URL"] = stack.prefect_api()  # before Prefect reads its settings
+    from orchestration.serve import serve_all
+
+    where = server.ui_url if server else os.environ["PREFECT_API_URL"]
+    print(f"serving {len(config.pipelines)} pipeline(s){' and the relay' if args.relay else ''}; "
+          f"Prefect UI {where}; stop with Ctrl-C or SIGTERM", flush=True)
+    serve_all(config, Path(args.config), relay=args.relay)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from infra.spark import build_session
+    from orchestration.status import pipeline_status, relay_summary
+    from tidemark.config import load_config
+    from tidemark.context import PipelineContext, resolve_bootstrap
+
+    config = load_config(Path(args.config))
+    bootstrap = resolve_bootstrap(config)
+    quality_dir = settings().home_dir / "quality"
+    spark = build_session(settings(), "tidemark-status")
+    try:
+        statuses = [pipeline_status(spark, PipelineContext(config, p, bootstrap), quality_dir)
+                    for p in config.pipelines]
+    finally:
+        spark.stop()
+    rows = [(s.name, "-" if s.lag is None else str(s.lag), s.last_batch, s.quality, s.problem or "ok")
+            for s in statuses]
+    print(_table(rows, ("pipeline", "lag (offsets)", "last batch", "last quality verdict", "state")))
+    parts = [(s.name, f"{x.topic}[{x.partition}]", "-" if x.next_offset is None else str(x.next_offset),
+              str(x.lso), str(x.lag)) for s in statuses for x in s.partitions]
+    if parts:
+        print()
+        print(_table(parts, ("pipeline", "partition", "committed (next offset)", "LSO", "lag")))
+    if args.relay:
+        _, dsn, _ = _relay_context(argparse.Namespace(config=args.config, relay_id=None))
+        print()
+        print(_table(list(relay_summary(config, dsn).items()), ("relay", "state")))
+    return 0
+
+
 # -- demo ---------------------------------------------------------------------------
 
 
@@ -342,6 +388,19 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--config", default="tidemark.yaml", help="config file (default ./tidemark.yaml if present)")
         p.add_argument("--relay-id", help="overrides relay.id of the config")
         p.set_defaults(func=func)
+
+    serve = sub.add_parser("serve", help="serve the pipelines' Prefect deployments (ingest and audit "
+                                         "schedules, backfill) until SIGTERM")
+    serve.add_argument("--config", default="tidemark.yaml")
+    serve.add_argument("--relay", action="store_true", help="also supervise the outbox relay "
+                                                            "(restarted with backoff on crash)")
+    serve.set_defaults(func=cmd_serve)
+
+    status_p = sub.add_parser("status", help="one screen: each pipeline's offsets, LSO, lag, last batch, "
+                                             "last quality verdict; the relay's lag")
+    status_p.add_argument("--config", default="tidemark.yaml")
+    status_p.add_argument("--no-relay", dest="relay", action="store_false", help="skip the relay's section")
+    status_p.set_defaults(func=cmd_status)
 
     demo = sub.add_parser("demo", help="run the end-to-end demo on the embedded stack")
     demo.add_argument("--keep", action="store_true", help="leave the stack running afterwards")

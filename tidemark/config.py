@@ -98,6 +98,23 @@ class DedupConfig(BaseModel):
     """Ids are looked up among rows ingested this many days before the batch (a bounded window)."""
 
 
+class ScheduleConfig(BaseModel):
+    """When ``tidemark serve`` runs this pipeline's flows (Prefect interval schedules)."""
+
+    model_config = _MODEL
+
+    ingest_every_seconds: Annotated[float, Field(ge=1)] | None = 60.0
+    """A bounded ingest run (stored offsets up to the LSO) this often; null: no schedule."""
+    audit_every_seconds: Annotated[float, Field(ge=10)] | None = 3600.0
+    """The quality checks (``tidemark check``) this often; null: no schedule."""
+    retries: Annotated[int, Field(ge=0, le=20)] = 3
+    """Retries of a run's work after a *transient* error; terminal errors never retry."""
+    retry_delay_seconds: Annotated[float, Field(ge=0)] = 10.0
+    """Wait before the first retry; doubled for each next one."""
+    wait_for_slot_seconds: Annotated[float, Field(ge=0)] = 600.0
+    """How long a run waits for a rival run of the same pipeline before it is refused."""
+
+
 EventIdSource = Annotated[str, Field(pattern=r"^(header:.+|key|field:[A-Za-z_][A-Za-z0-9_]*)$")]
 
 
@@ -139,6 +156,8 @@ class PipelineConfig(BaseModel):
     dedup: DedupConfig | None = None
     """Unset: no dedup. Set (``dedup: {}`` for the defaults): a record whose event id is already in the
     batch or the table goes to quarantine as a duplicate, so counts still reconcile with Kafka."""
+    schedule: ScheduleConfig = ScheduleConfig()
+    """Orchestration: schedules, retries, and waiting for a rival run (``tidemark serve``)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> PipelineConfig:

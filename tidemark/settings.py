@@ -45,6 +45,14 @@ class PostgresSettings(BaseModel):
     """TCP port of the embedded server on 127.0.0.1."""
 
 
+class PrefectSettings(BaseModel):
+    model_config = _SECTION
+
+    port: Port = 14200
+    """Port of the embedded Prefect server (API and UI) on 127.0.0.1; unused when
+    ``PREFECT_API_URL`` names a server."""
+
+
 class SparkSettings(BaseModel):
     model_config = _SECTION
 
@@ -72,6 +80,7 @@ class Settings(BaseSettings):
     kafka: KafkaSettings = KafkaSettings()
     postgres: PostgresSettings = PostgresSettings()
     spark: SparkSettings = SparkSettings()
+    prefect: PrefectSettings = PrefectSettings()
 
     @property
     def home_dir(self) -> Path:

@@ -77,9 +77,11 @@ def test_source_transactions_are_whole_in_every_version_across_kills(
             proc = subprocess.Popen(ingest_argv(config, "--follow", pipeline="events"), env=process_env(crash_at),
                                     stdout=log, stderr=log, start_new_session=True)
             if crash_at is None:
-                # A random instant after this run's first commit: its next batch's plan,
-                # claim, write or settle, or the idle wait between batches.
-                _wait_for_new_version(target, before, proc, log_path)
+                # A random instant after this run's first to third commit: the next batch's
+                # plan, claim, write or settle, or the idle wait between batches. (A named-step
+                # kill usually lands before its run's first commit, so these rounds make the
+                # versions.)
+                _wait_for_new_version(target, before + rng.randint(0, 2), proc, log_path)
                 time.sleep(rng.uniform(0, 8))
             else:
                 try:

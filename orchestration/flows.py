@@ -1,0 +1,230 @@
+"""Prefect 3 flows: ingest, backfill and audit of a pipeline, and relay supervision.
+
+Each pipeline flow holds the pipeline's slot (:mod:`orchestration.slots`) for its whole
+run, so two runs of one pipeline never overlap whatever started them: a schedule, a
+manual run, a second ``serve``. The ledger claim would refuse a rival batch anyway; the
+slot keeps the rival from even starting, and makes it wait instead of failing.
+
+The work is a task whose retries follow :func:`orchestration.policy.retry_only_transient`,
+with the delay doubling per attempt. Every run publishes a report artifact (rows,
+offsets advanced, lag, quality verdict) under a stable key per pipeline, so the Prefect
+UI shows each pipeline's history as one artifact timeline.
+
+Spark starts once per process: a served run is its own process, while a caller that
+runs flows in a loop (``make demo``) reuses the session.
+"""
+
+from __future__ import annotations
+
+import atexit
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+from orchestration.policy import Backoff, ExitKind, classify_exit, describe_exit, retry_only_transient
+from orchestration.slots import pipeline_slot
+from tidemark.context import PipelineContext, pipeline_context
+from tidemark.errors import TerminalError
+from tidemark.settings import settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+_spark: SparkSession | None = None
+_spark_lock = threading.Lock()
+
+
+def spark_session() -> SparkSession:
+    """The process's SparkSession, started on first use and stopped at exit."""
+    global _spark
+    with _spark_lock:
+        if _spark is None:
+            from infra.spark import build_session
+
+            _spark = build_session(settings(), "tidemark-orchestration")
+            atexit.register(_spark.stop)
+        return _spark
+
+
+class QualityCheckFailed(TerminalError):
+    """An audit found a failing check; the Data Docs name the rows."""
+
+
+def _artifact_key(kind: str, pipeline: str) -> str:
+    return f"{kind}-{pipeline}".lower().replace("_", "-")
+
+
+def _with_retries(fn: Any, ctx: PipelineContext) -> Any:
+    sched = ctx.pipeline.schedule
+    delays = [sched.retry_delay_seconds * 2 ** i for i in range(sched.retries)]
+    return fn.with_options(retries=sched.retries, retry_delay_seconds=delays or 0,
+                           retry_condition_fn=retry_only_transient)
+
+
+# -- ingest -------------------------------------------------------------------------
+
+
+@task(name="ingest-batches")
+def _ingest(config: str, pipeline: str) -> dict[str, Any]:
+    from offsets.lag import partition_lags
+    from offsets.ledger import Ledger
+    from pipelines.ingest import IngestJob
+
+    ctx = pipeline_context(config, pipeline)
+    report = IngestJob(spark_session(), ctx.config, ctx.pipeline, ctx.bootstrap).run_bounded()
+    advanced = sum(r.span for b in report.batches if not b.replayed for r in b.intent.ranges)
+    last = Ledger(spark_session(), ctx.pipeline.ledger_path, pipeline).last()
+    lags = partition_lags(ctx.client_config, ctx.pipeline, last.ends() if last else {})
+    return {"batches": len(report.batches), "rows": report.rows, "quarantined": report.quarantined,
+            "offsets_advanced": advanced, "held_transactions": sum(b.intent.held for b in report.batches),
+            "lag": sum(x.lag for x in lags),
+            "partitions": [{"topic": x.topic, "partition": x.partition, "next_offset": x.next_offset,
+                            "lso": x.lso, "lag": x.lag} for x in lags]}
+
+
+@flow(name="tidemark-ingest", flow_run_name="ingest-{pipeline}")
+def ingest_flow(pipeline: str, config: str = "tidemark.yaml") -> dict[str, Any]:
+    """Ingest ``pipeline`` from its stored offsets up to the LSO, exactly once."""
+    ctx = pipeline_context(config, pipeline)
+    with pipeline_slot(pipeline, wait_seconds=ctx.pipeline.schedule.wait_for_slot_seconds) as slot:
+        result = _with_retries(_ingest, ctx)(config, pipeline)
+    result.update(slot=slot.as_dict())
+    quality = _last_verdict(pipeline)
+    create_table_artifact(
+        key=_artifact_key("ingest", pipeline),
+        table=[{"batches": result["batches"], "rows": result["rows"], "quarantined": result["quarantined"],
+                "offsets advanced": result["offsets_advanced"], "txns held": result["held_transactions"],
+                "lag (offsets)": result["lag"],
+                "last quality verdict": quality}],
+        description=f"ingest of {pipeline} into {ctx.pipeline.target}")
+    get_run_logger().info("%s: %d batch(es), %d rows, %s offsets advanced, lag %s", pipeline,
+                          result["batches"], result["rows"], result["offsets_advanced"], result["lag"])
+    return result
+
+
+def _last_verdict(pipeline: str) -> str:
+    from quality.audit import last_verdict
+
+    last = last_verdict(settings().home_dir / "quality", pipeline)
+    if last is None:
+        return "never audited"
+    return f"{'PASS' if last['passed'] else 'FAIL'} at {last['at']}"
+
+
+# -- backfill -----------------------------------------------------------------------
+
+
+@task(name="backfill")
+def _backfill(config: str, pipeline: str, into: str, batches: str | None, from_offsets: str | None,
+              from_timestamp: str | None) -> dict[str, Any]:
+    from pipelines.backfill import Backfill, parse_batches, parse_offsets
+    from tidemark.config import TimestampStart
+
+    ctx = pipeline_context(config, pipeline)
+    backfill = Backfill(spark_session(), ctx.config, ctx.pipeline, ctx.bootstrap, into)
+    if batches:
+        report = backfill.stored_batches(*parse_batches(batches))
+    elif from_offsets:
+        report = backfill.from_offsets(parse_offsets(from_offsets))
+    elif from_timestamp:
+        report = backfill.from_timestamp(TimestampStart.model_validate({"timestamp": from_timestamp}).timestamp)
+    else:
+        raise TerminalError("backfill needs one of batches, from_offsets or from_timestamp")
+    return {"batches": len(report.batches), "rows": report.rows, "quarantined": report.quarantined}
+
+
+@flow(name="tidemark-backfill", flow_run_name="backfill-{pipeline}")
+def backfill_flow(pipeline: str, into: str, config: str = "tidemark.yaml", batches: str | None = None,
+                  from_offsets: str | None = None, from_timestamp: str | None = None) -> dict[str, Any]:
+    """Re-read stored batches (``"3-7"``), or from offsets or a time, into the table ``into``."""
+    ctx = pipeline_context(config, pipeline)
+    # Its own slot: a backfill writes another table and may run beside the pipeline's ingest.
+    with pipeline_slot(f"{pipeline}-backfill", wait_seconds=ctx.pipeline.schedule.wait_for_slot_seconds):
+        result = _with_retries(_backfill, ctx)(config, pipeline, into, batches, from_offsets, from_timestamp)
+    create_table_artifact(key=_artifact_key("backfill", pipeline), table=[{"into": into, **result}],
+                          description=f"backfill of {pipeline}")
+    return dict(result)
+
+
+# -- audit --------------------------------------------------------------------------
+
+
+@task(name="quality-checks")
+def _audit(config: str, pipeline: str, docs: str | None) -> dict[str, Any]:
+    from quality.audit import audit
+
+    ctx = pipeline_context(config, pipeline)
+    report = audit(spark_session(), ctx.pipeline, kafka_options=ctx.spark_options,
+                   client_config=ctx.client_config, docs_dir=Path(docs) if docs else settings().home_dir / "quality")
+    return {"passed": report.passed, "docs": str(report.docs),
+            "verdicts": [{"suite": v.suite, "check": v.check, "verdict": "PASS" if v.passed else "FAIL",
+                          "observed": v.observed} for v in report.verdicts]}
+
+
+@flow(name="tidemark-audit", flow_run_name="audit-{pipeline}")
+def audit_flow(pipeline: str, config: str = "tidemark.yaml", docs: str | None = None) -> dict[str, Any]:
+    """The quality checks; the run fails (never retried) if any check fails."""
+    ctx = pipeline_context(config, pipeline)
+    result = _with_retries(_audit, ctx)(config, pipeline, docs)
+    create_table_artifact(key=_artifact_key("audit", pipeline), table=result["verdicts"],
+                          description=f"quality checks of {pipeline}; Data Docs: file://{result['docs']}")
+    if not result["passed"]:
+        failed = [f"{v['suite']}: {v['check']}" for v in result["verdicts"] if v["verdict"] == "FAIL"]
+        raise QualityCheckFailed(f"{pipeline}: {len(failed)} check(s) failed: {'; '.join(failed)}; "
+                                 f"see file://{result['docs']}")
+    return dict(result)
+
+
+# -- relay supervision ----------------------------------------------------------------
+
+
+@flow(name="tidemark-relay", flow_run_name="relay-supervisor")
+def relay_flow(config: str = "tidemark.yaml", relay_id: str | None = None, max_restarts: int = 1000) -> dict[str, Any]:
+    """Run ``tidemark relay run`` as a child, restarting it with backoff when it crashes.
+
+    A clean exit (SIGTERM) ends the flow; a terminal exit (fenced, fatal, bad config)
+    fails it without a restart, since a restart could not help and a fenced relay must
+    stay down. Cancelling the flow run stops the relay with SIGTERM, which finishes the
+    transaction in flight.
+    """
+    log = get_run_logger()
+    argv = [sys.executable, "-m", "tidemark.cli", "relay", "run", "--config", config]
+    if relay_id:
+        argv += ["--relay-id", relay_id]
+    backoff = Backoff()
+    restarts = 0
+    log_path = settings().home_dir / "logs" / "relay-supervised.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        started = time.monotonic()
+        with log_path.open("ab") as out:
+            child = subprocess.Popen(argv, stdout=out, stderr=out)
+            try:
+                code = child.wait()
+            except BaseException:  # the flow run is cancelled or the server stops: stop the relay cleanly
+                child.terminate()
+                child.wait(120)
+                raise
+        ran = time.monotonic() - started
+        kind = classify_exit(code)
+        create_markdown_artifact(key="relay-supervisor", markdown=(
+            f"relay {describe_exit(code)} after {ran:.0f}s: **{kind.value}**; restarts so far {restarts}; "
+            f"log `{log_path}`"))
+        if kind is ExitKind.STOPPED:
+            log.info("relay stopped cleanly after %.0fs", ran)
+            return {"restarts": restarts, "exit": code}
+        if kind is ExitKind.TERMINAL:
+            raise TerminalError(f"relay stopped with {describe_exit(code)} (terminal: not restarted); "
+                                f"read {log_path}, fix the cause, then start it again")
+        if restarts >= max_restarts:
+            raise TerminalError(f"relay crashed {restarts + 1} times; last {describe_exit(code)}; see {log_path}")
+        delay = backoff.next_delay(ran)
+        log.warning("relay %s after %.0fs; restarting in %.0fs", describe_exit(code), ran, delay)
+        time.sleep(delay)
+        restarts += 1

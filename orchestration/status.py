@@ -1,0 +1,68 @@
+"""``tidemark status``: every pipeline and the relay on one screen.
+
+Read-only and cheap: the newest ledger intent per pipeline (a cost that does not grow
+with history), Kafka's offsets, the last audit's recorded verdict, and the relay's
+position and slot. A part that cannot be read (no ledger yet, no outbox, Kafka down)
+shows why instead of failing the whole screen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from offsets.lag import PartitionLag, partition_lags
+from offsets.ledger import Ledger
+from quality.audit import last_verdict
+from tidemark.config import TidemarkConfig
+from tidemark.context import PipelineContext, resolve_bootstrap
+from tidemark.errors import TidemarkError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+@dataclass
+class PipelineStatus:
+    name: str
+    target: str
+    partitions: list[PartitionLag] = field(default_factory=list)
+    last_batch: str = "-"
+    quality: str = "never audited"
+    problem: str | None = None
+
+    @property
+    def lag(self) -> int | None:
+        return sum(p.lag for p in self.partitions) if self.partitions else None
+
+
+def pipeline_status(spark: SparkSession, ctx: PipelineContext, quality_dir: Path) -> PipelineStatus:
+    p = ctx.pipeline
+    status = PipelineStatus(p.name, p.target)
+    verdict = last_verdict(quality_dir, p.name)
+    if verdict is not None:
+        status.quality = (("PASS" if verdict["passed"] else f"FAIL ({len(verdict['failed'])} checks)")
+                          + f" at {verdict['at']}")
+    try:
+        last = Ledger(spark, p.ledger_path, p.name).last()
+        if last is not None:
+            status.last_batch = (f"#{last.batch_id} planned {last.planned_at.isoformat(timespec='seconds')}, "
+                                 f"{sum(r.span for r in last.ranges)} offsets")
+        status.partitions = partition_lags(ctx.client_config, p, last.ends() if last else {})
+    except TidemarkError as exc:
+        status.problem = str(exc).splitlines()[0]
+    return status
+
+
+def relay_summary(config: TidemarkConfig, dsn: str) -> dict[str, str]:
+    from connectors.kafka_config import librdkafka_config
+    from outbox.relay import relay_status
+
+    try:
+        return relay_status(config.relay, dsn=dsn, client_config=librdkafka_config(config.kafka,
+                                                                                   resolve_bootstrap(config)))
+    except TidemarkError as exc:
+        return {"relay": config.relay.id, "state": str(exc).splitlines()[0]}
+    except Exception as exc:  # noqa: BLE001 - PostgreSQL unreachable: say so, keep the screen
+        return {"relay": config.relay.id, "state": f"unavailable: {type(exc).__name__}: {exc}".splitlines()[0]}
