@@ -5,9 +5,9 @@ an aborted transaction from read_committed readers (librdkafka and Spark's Kafka
 source), Delta skips a replayed ``txnAppId``/``txnVersion`` write, PostgreSQL hands out a
 logical replication slot. Then the pipeline itself: an application commits (and rolls
 back) transactions with outbox events, the relay turns them into Kafka transactions,
-and an ingest job loads the topics into a Delta table, which must hold exactly the
-committed events. The demo exits 0 only if all hold, and removes its slot so no WAL is
-kept for it.
+and Prefect runs the ingest every few seconds into a Delta table, which must hold
+exactly the committed events (:mod:`orchestration.demo`). The demo exits 0 only if all
+hold, and removes its slot so no WAL is kept for it.
 """
 
 from __future__ import annotations
@@ -114,89 +114,21 @@ def _postgres_checks(endpoints: Endpoints) -> list[Check]:
                   f"wal_level={wal_level}, pgoutput slot created={created}")]
 
 
-def _pipeline_checks(settings: Settings, endpoints: Endpoints) -> list[Check]:
-    """Outbox -> relay -> Kafka -> ingest -> Delta, on a fresh outbox table and topics."""
-    import random
-    import threading
+def run_demo(settings: Settings, *, keep: bool = False, duration: float = 60) -> int:
+    import os
 
-    import psycopg2
-
-    from infra.spark import build_session
-    from outbox.relay import Relay
-    from outbox.schema import TableName, add_event, init_outbox
-    from pipelines.ingest import IngestJob
-    from tidemark.config import parse_config
-
-    run = uuid.uuid4().hex[:8]
-    dsn, bootstrap = endpoints.postgres_dsn, endpoints.kafka_bootstrap
-    config = parse_config({
-        "kafka": {"bootstrap_servers": bootstrap},
-        "relay": {"id": f"demo-{run}", "table": f"public.demo_outbox_{run}", "topic": f"demo.{run}.{{aggregatetype}}",
-                  "offsets_topic": f"demo.{run}.relay-offsets"},
-        "pipelines": [{"name": "demo", "topic_pattern": rf"demo\.{run}\.(order|payment)",
-                       "target": str(settings.home_dir / "demo" / run / "events"),
-                       "schema": "order_id BIGINT, amount DOUBLE", "lineage": ["topic", "partition", "offset", "key",
-                                                                               "headers", "batch_id"]}]})
-    relay = config.relay
-    table = TableName.parse(relay.table)
-    init_outbox(dsn, table=table, publication=relay.publication_name, slot=relay.slot_name)
-    committed: set[str] = set()
-    rng = random.Random(7)
-    conn = psycopg2.connect(dsn)
-    try:
-        for order in range(60):
-            events = [("order", rng.uniform(5, 500)), ("payment", rng.uniform(5, 500))][: rng.randint(1, 2)]
-            with conn.cursor() as cur:
-                ids = [str(add_event(cur, kind, f"order-{order}", f"{kind}.changed",
-                                     {"order_id": order, "amount": round(amount, 2)}, table=relay.table))
-                       for kind, amount in events]
-            if order % 6 == 5:
-                conn.rollback()  # the application changed its mind: these events must never appear
-            else:
-                conn.commit()
-                committed.update(ids)
-    finally:
-        conn.close()
-    report = Relay(relay, dsn=dsn, client_config={"bootstrap.servers": bootstrap}).run(threading.Event(),
-                                                                                      idle_exit=2)
-    spark = build_session(settings, "tidemark-demo")
-    try:
-        pipeline = config.pipelines[0]
-        ingested = IngestJob(spark, config, pipeline, bootstrap).run_bounded()
-        rows = spark.read.format("delta").load(pipeline.target).selectExpr(
-            "filter(_kafka_headers, h -> h.key = 'id')[0].value AS id").collect()
-    finally:
-        spark.stop()
-    ids = [bytes(r.id).decode() for r in rows if r.id is not None]
-    conn = psycopg2.connect(dsn)
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cur:  # leave nothing that keeps WAL
-            cur.execute("SELECT pg_drop_replication_slot(%s)", (relay.slot_name,))
-            cur.execute(f'DROP PUBLICATION "{relay.publication_name}"')
-            cur.execute(f"DROP TABLE {table.sql}")
-    finally:
-        conn.close()
-    return [
-        Check("the relay delivered each committed transaction once", report.events == len(committed),
-              f"{report.transactions} transactions, {report.events} events relayed; {len(committed)} committed"),
-        Check("the Delta table holds exactly the committed events", sorted(ids) == sorted(committed)
-              and ingested.quarantined == 0,
-              f"{len(ids)} rows ({len(set(ids))} distinct event ids) in {ingested.summary()}"),
-    ]
-
-
-def run_demo(settings: Settings, *, keep: bool = False) -> int:
     stack = Stack(settings)
-    kafka = stack.kafka()
-    pg = stack.postgres()
+    kafka, pg, prefect = stack.kafka(), stack.postgres(), stack.prefect()
     already_up = bool(kafka and kafka.running_nodes()) or bool(pg and pg.running())
-    print("Tidemark demo (the local stack, then the pipeline end to end)")
-    done = _step("starting the stack (Kafka KRaft, PostgreSQL)")
+    print("Tidemark demo (the local stack, then the product end to end under Prefect)")
+    done = _step("starting the stack (Kafka KRaft, PostgreSQL, Prefect server)")
     endpoints = stack.up()
+    os.environ["PREFECT_API_URL"] = stack.prefect_api()  # before Prefect is imported
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # the demo prints its own progress
     done()
     topic = f"tidemark.smoke.{uuid.uuid4().hex[:8]}"
     checks: list[Check] = []
+    summary = None
     try:
         done = _step(f"transactional writes to {topic}: {COMMITTED} committed, {ABORTED} aborted")
         checks += _kafka_checks(endpoints, topic)
@@ -207,21 +139,38 @@ def run_demo(settings: Settings, *, keep: bool = False) -> int:
         done = _step("PostgreSQL logical decoding")
         checks += _postgres_checks(endpoints)
         done()
-        done = _step("end to end: application transactions -> outbox -> relay -> Kafka -> ingest -> Delta")
-        checks += _pipeline_checks(settings, endpoints)
+        AdminClient({"bootstrap.servers": endpoints.kafka_bootstrap}).delete_topics([topic])[topic].result(30)
+        done = _step(f"the product for {duration:.0f}s: an order service's transactions -> outbox -> supervised "
+                     "relay -> Kafka -> ingest every 5s through Prefect -> Delta; then a quality audit")
+        from orchestration import demo
+
+        summary = demo.run(settings, endpoints, duration=duration)
+        checks += [Check(name, ok, detail) for name, ok, detail in summary.checks]
         done()
-        admin = AdminClient({"bootstrap.servers": endpoints.kafka_bootstrap})
-        admin.delete_topics([topic])[topic].result(30)
     finally:
+        from orchestration.flows import stop_spark
+
+        stop_spark()
         if not keep and not already_up:
             done = _step("stopping the stack")
             stack.down()
             done()
+    if summary is not None:
+        print()
+        width = max(len(k) for k, _ in summary.rows)
+        for key, value in summary.rows:
+            print(f"  {key:<{width}}  {value}")
     width = max(len(c.name) for c in checks)
     print()
     for c in checks:
         print(f"  {'PASS' if c.ok else 'FAIL'}  {c.name:<{width}}  {c.detail}")
     ok = all(c.ok for c in checks)
-    print(f"\n{'all checks passed' if ok else 'SOME CHECKS FAILED'}"
-          + ("; the stack is still running: `tidemark stack down` stops it" if keep or already_up else ""))
+    print(f"\n{'exactly-once held: all checks passed' if ok else 'SOME CHECKS FAILED'}")
+    if summary is not None:
+        print(f"Data Docs: file://{summary.docs}")
+    ui = prefect.ui_url if prefect else os.environ["PREFECT_API_URL"]
+    if keep or already_up:
+        print(f"Prefect UI: {ui} (flow runs, artifacts); the stack is still running: `tidemark stack down` stops it")
+    else:
+        print(f"Prefect UI: the runs are kept; `tidemark stack up --prefect` serves them again at {ui}")
     return 0 if ok else 1

@@ -52,6 +52,15 @@ def spark_session() -> SparkSession:
         return _spark
 
 
+def stop_spark() -> None:
+    """Stop the process's SparkSession now (a no-op if none was started)."""
+    global _spark
+    with _spark_lock:
+        if _spark is not None:
+            _spark.stop()
+            _spark = None
+
+
 class QualityCheckFailed(TerminalError):
     """An audit found a failing check; the Data Docs name the rows."""
 
@@ -93,6 +102,7 @@ def ingest_flow(pipeline: str, config: str = "tidemark.yaml") -> dict[str, Any]:
     """Ingest ``pipeline`` from its stored offsets up to the LSO, exactly once."""
     ctx = pipeline_context(config, pipeline)
     with pipeline_slot(pipeline, wait_seconds=ctx.pipeline.schedule.wait_for_slot_seconds) as slot:
+        get_run_logger().info("holding the slot of pipeline %s (waited %.1fs)", pipeline, slot.waited_seconds)
         result = _with_retries(_ingest, ctx)(config, pipeline)
     result.update(slot=slot.as_dict())
     quality = _last_verdict(pipeline)

@@ -22,7 +22,7 @@ from tidemark.config import PipelineConfig
 from tidemark.errors import TerminalError
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +41,31 @@ def header(name: str) -> Column:
     return F.try_element_at(match, F.lit(1))["value"].cast("string")
 
 
-def txn_struct(pipeline: PipelineConfig) -> Column:
-    """``_tidemark_txn`` of a Kafka row: (id, position, size, expected, released=false), or null."""
+HEADERS_COLUMN = "_tidemark_headers"
+_TXN_HEADERS = {"txid": H.TXID, "lsn": H.LSN, "position": H.POSITION, "size": H.SIZE, "counts": H.TOPIC_COUNTS}
+
+
+def with_txn_headers(df: DataFrame) -> DataFrame:
+    """``df`` plus ``_tidemark_headers``: the relay's transaction headers as text, looked up once.
+
+    A header lookup is a higher-order function: interpreted, and never shared by Spark's
+    common-subexpression elimination. Used directly, each of the txn struct's many
+    references would repeat the scan of the header array (measured: the write pass 2x
+    slower). Computed in their own projection, they are read as plain struct fields.
+    """
     from pyspark.sql import functions as F
 
-    txid, lsn = header(H.TXID), header(H.LSN)
-    position = F.expr(f"try_cast({_sql_str(H.POSITION)} AS INT)")
-    size = F.expr(f"try_cast({_sql_str(H.SIZE)} AS INT)")
-    counts = F.from_json(header(H.TOPIC_COUNTS), "map<string,int>")
+    return df.withColumn(HEADERS_COLUMN, F.struct(*[header(h).alias(k) for k, h in _TXN_HEADERS.items()]))
+
+
+def txn_struct(pipeline: PipelineConfig) -> Column:
+    """``_tidemark_txn`` of a row of :func:`with_txn_headers`: (id, position, size, expected, released=false), or null."""
+    from pyspark.sql import functions as F
+
+    h = F.col(HEADERS_COLUMN)
+    position = F.expr(f"try_cast({HEADERS_COLUMN}.position AS INT)")
+    size = F.expr(f"try_cast({HEADERS_COLUMN}.size AS INT)")
+    counts = F.from_json(h["counts"], "map<string,int>")
     if pipeline.topic_pattern is not None:
         pattern = f"^(?:{pipeline.topic_pattern})$"
         mine = F.map_filter(counts, lambda k, v: k.rlike(pattern))
@@ -56,15 +73,10 @@ def txn_struct(pipeline: PipelineConfig) -> Column:
         mine = F.map_filter(counts, lambda k, v: k.isin(*pipeline.topics))
     # Without a readable per-topic count, every event is expected here.
     expected = F.coalesce(F.aggregate(F.map_values(mine), F.lit(0), lambda acc, x: acc + x), size)
-    valid = txid.isNotNull() & lsn.isNotNull() & position.isNotNull() & size.isNotNull() & (size > 0)
+    valid = h["txid"].isNotNull() & h["lsn"].isNotNull() & position.isNotNull() & size.isNotNull() & (size > 0)
     return F.when(valid, F.struct(
-        F.concat(lsn, F.lit("/"), txid).alias("id"), position.alias("position"), size.alias("size"),
+        F.concat(h["lsn"], F.lit("/"), h["txid"]).alias("id"), position.alias("position"), size.alias("size"),
         expected.alias("expected"), F.lit(False).alias("released")))
-
-
-def _sql_str(name: str) -> str:
-    """SQL for header ``name``'s text value (for try_cast, which has no Column API)."""
-    return f"CAST(try_element_at(filter(headers, h -> h.key = '{name}'), 1).value AS STRING)"
 
 
 def scan(spark: SparkSession, kafka_options: Mapping[str, str], pipeline: PipelineConfig,
@@ -74,7 +86,8 @@ def scan(spark: SparkSession, kafka_options: Mapping[str, str], pipeline: Pipeli
 
     from pipelines.transform import read_ranges
 
-    raw = read_ranges(spark, dict(kafka_options), intent)
+    raw = with_txn_headers(read_ranges(spark, dict(kafka_options), intent).select(
+        "topic", "partition", "offset", "timestamp", "headers"))
     txns = (raw.select("topic", "partition", "offset", "timestamp", txn_struct(pipeline).alias("t"))
             .where(F.col("t").isNotNull() & (F.col("t.expected") > 1)))
     per_partition = txns.groupBy("t.id", "topic", "partition").agg(

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from offsets.ledger import Intent
 from offsets.protocol import ERROR_COLUMN, BatchFrames
 from pipelines.dedup import EVENT_ID_COLUMN, flag_duplicates
-from pipelines.transactions import TXN_COLUMN, header, txn_struct
+from pipelines.transactions import TXN_COLUMN, header, txn_struct, with_txn_headers
 from tidemark.config import PipelineConfig
 
 if TYPE_CHECKING:
@@ -100,11 +100,12 @@ def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: Pipelin
         checked = flag_duplicates(spark, pipeline, intent, checked, dedup_table or pipeline.target)
     extra = [F.col("_event_id").alias(EVENT_ID_COLUMN)]
     if pipeline.transactions.atomic:
-        txn = txn_struct(pipeline)
-        released = F.lit(False)
+        # Two projections, so each row's headers are read once and its struct built once.
+        checked = with_txn_headers(checked).withColumn(TXN_COLUMN, txn_struct(pipeline))
+        txn = F.col(TXN_COLUMN)
         if intent.released:
-            released = txn["id"].isin(*intent.released)
-        extra.append(F.when(txn.isNotNull(), txn.withField("released", released)).alias(TXN_COLUMN))
+            txn = F.when(txn.isNotNull(), txn.withField("released", txn["id"].isin(*intent.released)))
+        extra.append(txn.alias(TXN_COLUMN))
 
     lineage = {
         "topic": F.col("topic").alias("_kafka_topic"),

@@ -46,10 +46,14 @@ def cmd_stack_up(args: argparse.Namespace) -> int:
     from infra.stack import Stack
 
     started = time.monotonic()
-    endpoints = Stack(settings()).up()
+    stack = Stack(settings())
+    endpoints = stack.up()
+    prefect = stack.prefect_api() if args.prefect else None
     print(f"stack up in {time.monotonic() - started:.1f}s")
     print(f"  kafka     {endpoints.kafka_bootstrap}")
     print(f"  postgres  {endpoints.postgres_dsn}")
+    if prefect:
+        print(f"  prefect   {prefect} (UI {prefect.removesuffix('/api')})")
     print("next: `tidemark stack status`; stop with `tidemark stack down`")
     return 0
 
@@ -313,7 +317,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from infra.smoke import run_demo
 
-    return run_demo(settings(), keep=args.keep)
+    return run_demo(settings(), keep=args.keep, duration=args.duration)
 
 
 # -- wiring -------------------------------------------------------------------------
@@ -335,6 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         p = stack_sub.add_parser(name, help=text)
         p.set_defaults(func=func)
+        if name == "up":
+            p.add_argument("--prefect", action="store_true", help="also start the embedded Prefect server (API "
+                                                                  "and UI; `tidemark serve` starts it when needed)")
 
     ingest = sub.add_parser("ingest", help="ingest a pipeline's topics into its Delta table, exactly once")
     ingest.add_argument("pipeline")
@@ -404,6 +411,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="run the end-to-end demo on the embedded stack")
     demo.add_argument("--keep", action="store_true", help="leave the stack running afterwards")
+    demo.add_argument("--duration", type=float, default=60, metavar="SECONDS",
+                      help="how long the sample application writes (default 60)")
     demo.set_defaults(func=cmd_demo)
     return parser
 

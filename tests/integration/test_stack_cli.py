@@ -45,6 +45,7 @@ def cli_env(tmp_path: Path, settings: Settings) -> dict[str, str]:
         "TIDEMARK_HOME": str(home),
         "TIDEMARK_KAFKA__PORT": str(free_port_block(2, start=31092)),
         "TIDEMARK_POSTGRES__PORT": str(free_port_block(1, start=35432)),
+        "TIDEMARK_PREFECT__PORT": str(free_port_block(1, start=34200)),
     })
     return env
 
@@ -99,8 +100,9 @@ def test_stack_up_names_a_taken_port(cli_env: dict[str, str]) -> None:
 
 
 def test_demo_passes_and_leaves_no_process(cli_env: dict[str, str]) -> None:
-    result = tidemark(cli_env, "demo", timeout=600)
+    result = tidemark(cli_env, "demo", "--duration", "20", timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("PASS") == 6 and "FAIL" not in result.stdout
+    assert result.stdout.count("PASS") == 9 and "FAIL" not in result.stdout
+    assert "exactly-once held" in result.stdout and "Data Docs: file://" in result.stdout
     assert "the Delta table holds exactly the committed events" in result.stdout
     assert _wait_gone(Path(cli_env["TIDEMARK_HOME"])) == []
