@@ -139,7 +139,8 @@ def run_demo(settings: Settings, *, keep: bool = False, duration: float = 60) ->
         done = _step("PostgreSQL logical decoding")
         checks += _postgres_checks(endpoints)
         done()
-        AdminClient({"bootstrap.servers": endpoints.kafka_bootstrap}).delete_topics([topic])[topic].result(30)
+        admin = AdminClient({"bootstrap.servers": endpoints.kafka_bootstrap})  # kept alive for the future
+        admin.delete_topics([topic])[topic].result(30)
         done = _step(f"the product for {duration:.0f}s: an order service's transactions -> outbox -> supervised "
                      "relay -> Kafka -> ingest every 5s through Prefect -> Delta; then a quality audit")
         from orchestration import demo
