@@ -125,7 +125,6 @@ def run_demo(settings: Settings, *, keep: bool = False, duration: float = 60) ->
     endpoints = stack.up()
     os.environ["PREFECT_API_URL"] = stack.prefect_api()  # before Prefect is imported
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # the demo prints its own progress
-    os.environ.setdefault("TQDM_DISABLE", "1")  # nor Great Expectations' per-metric progress bars
     done()
     topic = f"tidemark.smoke.{uuid.uuid4().hex[:8]}"
     checks: list[Check] = []
