@@ -119,7 +119,8 @@ def run_demo(settings: Settings, *, keep: bool = False, duration: float = 60) ->
 
     stack = Stack(settings)
     kafka, pg, prefect = stack.kafka(), stack.postgres(), stack.prefect()
-    already_up = bool(kafka and kafka.running_nodes()) or bool(pg and pg.running())
+    already_up = (bool(kafka and kafka.running_nodes()) or bool(pg and pg.running())
+                  or bool(prefect and prefect.running()))
     print("Tidemark demo (the local stack, then the product end to end under Prefect)")
     done = _step("starting the stack (Kafka KRaft, PostgreSQL, Prefect server)")
     endpoints = stack.up()
@@ -155,6 +156,8 @@ def run_demo(settings: Settings, *, keep: bool = False, duration: float = 60) ->
         if not keep and not already_up:
             done = _step("stopping the stack")
             stack.down()
+            if prefect:  # started here; down() no longer sees it once PREFECT_API_URL names it
+                prefect.stop()
             done()
     if summary is not None:
         print()

@@ -17,9 +17,10 @@ from tidemark.settings import Settings
 
 def _processes_under(home: Path) -> list[psutil.Process]:
     found = []
-    for proc in psutil.process_iter(["cmdline"]):
+    for proc in psutil.process_iter(["cmdline", "cwd"]):
         try:
-            if any(str(home) in part for part in proc.info["cmdline"] or []):
+            # The Prefect server names no path on its command line; it runs in its state directory.
+            if any(str(home) in part for part in proc.info["cmdline"] or []) or str(home) in (proc.info["cwd"] or ""):
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
