@@ -156,8 +156,6 @@ def run_demo(settings: Settings, *, keep: bool = False, duration: float = 60) ->
         if not keep and not already_up:
             done = _step("stopping the stack")
             stack.down()
-            if prefect:  # started here; down() no longer sees it once PREFECT_API_URL names it
-                prefect.stop()
             done()
     if summary is not None:
         print()

@@ -50,6 +50,9 @@ class Stack:
         """The embedded Prefect server, unless ``PREFECT_API_URL`` names one."""
         if os.environ.get("PREFECT_API_URL"):
             return None
+        return self._embedded_prefect()
+
+    def _embedded_prefect(self) -> EmbeddedPrefect:
         return EmbeddedPrefect(self.root / "prefect", port=self.settings.prefect.port)
 
     def prefect_api(self) -> str:
@@ -84,9 +87,8 @@ class Stack:
 
     def down(self) -> None:
         """Stop every embedded server this home runs; idempotent."""
-        prefect = self.prefect()
-        if prefect:
-            prefect.stop()
+        # Whatever PREFECT_API_URL says now: it may name this very server (the demo sets it).
+        self._embedded_prefect().stop()
         kafka = self.kafka()
         if kafka:
             kafka.stop()
