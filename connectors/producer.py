@@ -10,6 +10,19 @@ reaction depends only on the kind (DESIGN.md section 5):
   the producer is unusable; stop and exit non-zero.
 
 :meth:`TransactionalProducer.run` applies that policy to one transaction body.
+
+One more rule, because librdkafka speaks only the classic transaction protocol (no
+KIP-890 "transactions v2", librdkafka issue #5423): a producer keeps its epoch from one
+transaction to the next, so a request of transaction T1 that the broker handles late
+(a produce or EndTxn retried across a broker restart or a cut connection) can land in
+T2, merging two source transactions or committing T2 early. After any sign of such a
+disturbance — an error event from the client, a retried or aborted call —
+:attr:`TransactionalProducer.disturbed` says why, and the caller replaces the instance
+with :meth:`TransactionalProducer.renew` before its next transaction: the new instance's
+``init_transactions()`` bumps the epoch, and the broker rejects anything still in flight
+from the old one. A renewal is a new fence, exactly like a restart: whatever the caller
+derived from the topics before it (the relay's position) must be read again after it,
+since another instance with the same id may have run in between.
 """
 
 from __future__ import annotations
@@ -51,7 +64,50 @@ class TransactionalProducer:
     def __init__(self, config: dict[str, Any], *, retry_for: float = 300.0) -> None:
         self.transactional_id = str(config["transactional.id"])
         self.retry_for = retry_for
-        self._producer = Producer({"enable.idempotence": True, "acks": "all", **config})
+        self.renewals = 0
+        """How many times the instance was replaced after a disturbance (see the module docstring)."""
+        self._config = {"enable.idempotence": True, "acks": "all", **config}
+        self._disturbed: str | None = None
+        self._init_timeout = 60.0
+        self._producer = self._new_instance()
+
+    def _new_instance(self) -> Producer:
+        generation = self.renewals
+        return Producer({**self._config, "error_cb": lambda err: self._on_error(err, generation)})
+
+    def _on_error(self, err: KafkaError, generation: int | None = None) -> None:
+        """librdkafka's error events: connection losses, brokers down, request timeouts.
+
+        A fatal one (being fenced included) is not a disturbance to renew after: the next
+        call raises it, and the instance must stop, not fence its successor. Events of a
+        replaced instance (its closing, say) say nothing about the current one.
+        """
+        if generation is not None and generation != self.renewals:
+            return
+        if not err.fatal() and err.code() not in _FENCED:
+            self._disturbed = self._disturbed or f"client error event {err.name()}"
+
+    @property
+    def disturbed(self) -> str | None:
+        """Why the instance should be renewed before the next transaction, or None."""
+        self._producer.poll(0)  # serve pending error events first
+        return self._disturbed
+
+    def renew(self) -> None:
+        """Replace the instance with a new one, fenced in by ``init_transactions()`` (an epoch bump)."""
+        log.warning("%s: Kafka connection disturbed (%s); replacing the producer so that a late request of a "
+                    "past transaction cannot join the next one", self.transactional_id, self._disturbed)
+        old = self._producer
+        old.purge()
+        old.flush(0)
+        self.renewals += 1
+        self._producer = self._new_instance()
+        self._disturbed = None
+        self.init(self._init_timeout)
+        try:
+            old.close()
+        except KafkaException as exc:  # fenced by the new instance, as intended: it ends nothing more
+            log.debug("old producer instance closed: %s", exc.args[0])
 
     def _call(self, what: str, fn: Callable[[], None]) -> None:
         """Call a transactional method, repeating it while the error is retriable."""
@@ -69,13 +125,17 @@ class TransactionalProducer:
                     raise
                 if not err.retriable() or time.monotonic() > deadline:
                     raise ProducerFatalError(f"{what}: {err.name()}: {err.str()} (gave up after retrying)") from None
+                self._disturbed = self._disturbed or f"retriable {err.name()} in {what}"
                 log.warning("%s: retriable error %s; retrying in %.1fs", what, err.name(), delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
     def init(self, timeout: float = 60.0) -> None:
         """``init_transactions()``: completes or aborts the previous instance's open transaction and fences it."""
+        self._init_timeout = timeout
         self._call("init_transactions", lambda: self._producer.init_transactions(timeout))
+        self._producer.poll(0)
+        self._disturbed = None  # whatever happened before the fence cannot reach past it
 
     def produce(self, topic: str, *, key: bytes | None, value: bytes | None,
                 headers: list[tuple[str, str | bytes | None]] | None = None) -> None:
@@ -109,6 +169,7 @@ class TransactionalProducer:
                     raise ProducerFatalError(f"{what}: aborted {attempts} times, last by {err.name()}: {err.str()}; "
                                              "check the broker logs and that the topics exist") from None
                 log.warning("%s: transaction aborted (%s); redoing it, attempt %d", what, err.name(), attempts + 1)
+                self._disturbed = self._disturbed or f"abortable {err.name()} in {what}"
                 self._call("abort_transaction", lambda: self._producer.abort_transaction(timeout))
 
     def close(self, timeout: float = 10.0) -> None:

@@ -17,7 +17,10 @@ Steps of :meth:`Relay.run`, in order:
    position become visible together or not at all. Retriable errors are retried, an
    abortable one aborts and redoes the same source transaction, a fatal one or being
    fenced stops the relay (non-zero exit). A transaction at or before the position was
-   relayed before a crash and is only acknowledged (step 5).
+   relayed before a crash and is only acknowledged (step 5). If the connection to Kafka
+   was disturbed since the last transaction (``connectors.producer``: without KIP-890 a
+   late request could join the next transaction), steps 1 and 2 run again first: a new
+   producer instance fences the old one, and the position is read again.
 5. **Acknowledge,** every ``ack_every`` transactions and when idle or stopping: delete
    the relayed rows from the outbox table, then confirm the last relayed end LSN to the
    slot so the server can recycle WAL. Rows are deleted only after their Kafka commit,
@@ -84,6 +87,8 @@ class RelayReport:
     """Transactions redelivered by the slot that were already in Kafka."""
     deleted: int = 0
     aborted_attempts: int = 0
+    refenced: int = 0
+    """Times the producer was replaced after a disturbed connection (steps 1-2 again)."""
     topics: Counter[str] = field(default_factory=Counter)
 
 
@@ -253,6 +258,8 @@ class Relay:
                             break
                         continue
                     idle_since = time.monotonic()
+                    if txn.events and producer.disturbed:
+                        position = self._refence(producer)               # steps 1-2 again
                     if (position is not None and txn.end_lsn <= position.end_lsn) or not txn.events:
                         self.report.skipped += bool(txn.events)
                     else:
@@ -287,6 +294,19 @@ class Relay:
                 self._db.close()
             producer.close()
         return self.report
+
+    def _refence(self, producer: TransactionalProducer) -> Position | None:
+        """A new producer instance (epoch bump), then the position as the topics now say.
+
+        Read again because the renewal is a fence like any restart's: a relay with this id
+        started meanwhile may have moved the position, and it is now fenced in turn.
+        """
+        producer.renew()
+        self.report.refenced += 1
+        position = read_position(self.client_config, self.config.offsets_topic, self.config.id)
+        log.info("relay %s fenced in again; resumes after %s", self.config.id,
+                 format_lsn(position.end_lsn) if position else "the start")
+        return position
 
     def _probe_ownership(self, producer: TransactionalProducer, position: Position | None) -> None:
         """Commit the current position again: a fenced relay fails here and stops (G5).

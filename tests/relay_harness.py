@@ -96,6 +96,13 @@ class RelaySetup:
         path = self.tmp / "relay.log"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
+    def warnings(self, limit: int = 40) -> str:
+        """The relay log's warnings and errors (its own and librdkafka's), for a failure message."""
+        path = self.tmp / "relay.log"
+        lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+        picked = [line for line in lines if " WARNING " in line or " ERROR " in line or line.startswith("%3|")]
+        return "\n".join(picked[-limit:])
+
     def event_topics(self) -> list[str]:
         from confluent_kafka.admin import AdminClient
 
@@ -269,7 +276,9 @@ def assert_relayed_exactly_once(setup: RelaySetup, committed: list[SourceTxn], r
             else:
                 assert header(r, H.LSN) == header(previous, H.LSN), (
                     f"{topic}:{partition} offsets {previous.offset}-{r.offset} mix two source transactions "
-                    "in one Kafka transaction")
+                    f"in one Kafka transaction (txid {header(previous, H.TXID)} at LSN "
+                    f"{header(previous, H.LSN)}, then txid {header(r, H.TXID)} at {header(r, H.LSN)}); "
+                    f"the relay's warnings:\n{setup.warnings()}")
             previous = r
     split = {k: n for k, n in runs.items() if n > 1}
     assert not split, f"source transactions spread over several Kafka transactions: {list(split)[:3]}"

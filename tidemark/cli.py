@@ -239,7 +239,8 @@ def cmd_relay_run(args: argparse.Namespace) -> int:
     report = relay.run(stop_on_signals(), idle_exit=args.idle_exit)
     print(json.dumps({"relay": config.relay.id, "transactions": report.transactions, "events": report.events,
                       "skipped_redelivered": report.skipped, "deleted_rows": report.deleted,
-                      "aborted_attempts": report.aborted_attempts, "topics": dict(report.topics)}))
+                      "aborted_attempts": report.aborted_attempts, "refenced": report.refenced,
+                      "topics": dict(report.topics)}))
     return 0
 
 

@@ -3,6 +3,7 @@ and PostgreSQL then the broker restarted under a running relay (issue 4, G4 and 
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from pathlib import Path
@@ -83,3 +84,7 @@ def test_relay_recovers_by_itself_from_postgres_then_broker_restarts(settings: S
                                     backlog.rolled_back | after_pg.rolled_back)
         log = (tmp_path / "relay.log").read_text(errors="replace")
         assert "PostgreSQL connection lost" in log  # the restart was felt, and survived
+        report = json.loads(next(line for line in reversed(log.splitlines()) if line.startswith("{")))
+        # The broker's death cut the producer's connections: before its next transaction a new
+        # instance fenced in the old one, so no late request of a past transaction can join it.
+        assert report["refenced"] >= 1, report
