@@ -284,9 +284,14 @@ class CommitProtocol:
 
     def run_batch(
         self, bounds: Mapping[TP, PartitionBounds], new_partition_starts: Callable[[list[TP]], Mapping[TP, int]],
-        max_offsets: int,
+        max_offsets: int, *, max_bytes: int | None = None,
+        sizes: Callable[[Mapping[TP, tuple[int, int]]], Mapping[TP, float]] | None = None,
     ) -> tuple[BatchResult | None, BatchResult | None]:
-        """Steps 1-5. Returns (the replay of the last batch if one ran, the new batch or None)."""
+        """Steps 1-5. Returns (the replay of the last batch if one ran, the new batch or None).
+
+        With ``max_bytes``, ``sizes`` estimates the bytes per offset of each partition's
+        ``(start, end)`` for the plan (``connectors.sizes.bytes_per_offset``).
+        """
         # Step 1. Recover.
         last, replay = self.recover()
         _crash_point("recovered")
@@ -296,7 +301,11 @@ class CommitProtocol:
         fresh = [tp for tp in bounds if tp not in previous]
         starts = new_partition_starts(fresh) if fresh else {}
         next_id = (last.batch_id if last else 0) + 1
-        intent = self._plan(next_id, previous, bounds, starts, max_offsets)
+        weights: Mapping[TP, float] | None = None
+        if max_bytes is not None and sizes is not None:
+            weights = sizes({tp: (previous.get(tp, starts.get(tp, b.stable_end)), b.stable_end)
+                             for tp, b in bounds.items()})
+        intent = self._plan(next_id, previous, bounds, starts, max_offsets, max_bytes, weights)
         if intent.is_empty and set(bounds) <= set(previous):
             return replay, None
         _crash_point("planned")
@@ -304,27 +313,29 @@ class CommitProtocol:
         return replay, self._claim_and_write(intent)
 
     def _plan(self, batch_id: int, previous: Mapping[TP, int], bounds: Mapping[TP, PartitionBounds],
-              starts: Mapping[TP, int], max_offsets: int) -> Intent:
+              starts: Mapping[TP, int], max_offsets: int, max_bytes: int | None = None,
+              weights: Mapping[TP, float] | None = None) -> Intent:
         """Step 2: ranges within the cap, then the pipeline's decisions.
 
-        If the cut leaves nothing, a source transaction is larger than the cap lets a
-        batch be: the cap grows fourfold (up to everything readable) until one fits whole,
+        If the cut leaves nothing, a source transaction is larger than the caps let a
+        batch be: the caps grow fourfold (up to everything readable) until one fits whole,
         so a big transaction can never stall the pipeline; only one incomplete in Kafka
         waits. Each try is a scan, hence the steep growth.
         """
         planned_at = now_utc()
-        cap = max_offsets
+        cap, byte_cap = max_offsets, max_bytes
         while True:
-            ranges = plan_ranges(previous, bounds, starts, cap)
+            ranges = plan_ranges(previous, bounds, starts, cap, max_bytes=byte_cap, bytes_per_offset=weights)
             intent = Intent(self.pipeline, batch_id, self.writer_id, planned_at, ranges)
             if self.decide is None or intent.is_empty:
                 return intent
             decided = self.decide(intent)
             readable = sum(b.stable_end - (previous[tp] if tp in previous else starts[tp])
                            for tp, b in bounds.items())
-            if not decided.is_empty or cap >= readable:
+            if not decided.is_empty or cap >= readable and byte_cap is None:
                 return decided
             cap *= 4
+            byte_cap = None if byte_cap is None or cap >= readable else byte_cap * 4
 
     def run_intent(self, planned: Intent) -> tuple[BatchResult | None, BatchResult | None]:
         """Steps 1 and 3-5 for a batch planned elsewhere: a backfill of a stored batch's exact ranges.

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from connectors.admin import TP, KafkaAdmin, PartitionBounds
 from connectors.kafka_config import librdkafka_config, spark_options
+from connectors.sizes import bytes_per_offset
 from offsets.ledger import Intent
 from offsets.protocol import BatchResult, CommitProtocol
 from pipelines import transactions
@@ -98,12 +99,16 @@ class IngestJob:
             return {tp: b.stable_end for tp, b in bounds.items()}
         return {tp: b.log_start for tp, b in bounds.items()}
 
+    def _sizes(self, ranges: Mapping[TP, tuple[int, int]]) -> Mapping[TP, float]:
+        return bytes_per_offset(self.client_config, ranges)
+
     def run_to(self, bounds: Mapping[TP, PartitionBounds], stop: threading.Event | None = None) -> IngestReport:
         """Batches until every partition reaches ``bounds`` (a fixed LSO snapshot)."""
         report = IngestReport()
         while not (stop and stop.is_set()):
             replay, result = self.protocol.run_batch(
-                bounds, self._new_partition_starts, self.pipeline.max_records_per_batch)
+                bounds, self._new_partition_starts, self.pipeline.max_records_per_batch,
+                max_bytes=self.pipeline.max_bytes_per_batch, sizes=self._sizes)
             if replay is not None:
                 log.warning("replayed batch %d (%d rows)", replay.intent.batch_id, replay.rows)
                 report.batches.append(replay)

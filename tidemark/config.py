@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import (
     BaseModel,
+    ByteSize,
     ConfigDict,
     Field,
     SecretStr,
@@ -147,6 +148,12 @@ class PipelineConfig(BaseModel):
     Rows stream from Kafka to Delta without being held in memory, so the cap bounds the
     work a crash may have to redo and how long rows wait to become visible, not memory.
     Each batch costs a few fixed Delta commits (about 2 s on 2 cores)."""
+    max_bytes_per_batch: Annotated[ByteSize, Field(gt=0)] | None = None
+    """Cap on the key, value and header bytes of one batch, e.g. ``512MiB`` or ``1GB``; unset: none.
+
+    Kafka reports offsets, not bytes, so the planner estimates each partition's bytes per
+    offset from the first records of its range (``connectors.sizes``): an approximate cap,
+    which a single record larger than it exceeds (it goes alone). Applies with the record cap."""
     trigger_interval_seconds: Annotated[float, Field(gt=0)] = 10.0
     """``--follow``: time between micro-batches when caught up."""
     transactions: TransactionsConfig = TransactionsConfig()

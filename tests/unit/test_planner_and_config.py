@@ -32,6 +32,32 @@ def test_the_cap_is_shared_fairly_and_never_exceeded() -> None:
     assert spans[1] == 3 and sum(spans.values()) == 101 and abs(spans[0] - spans[2]) <= 1
 
 
+def test_the_byte_cap_sizes_each_partition_by_its_bytes_per_offset() -> None:
+    bounds = {("t", 0): B(0, 1000), ("t", 1): B(0, 1000), ("t", 2): B(0, 1000)}
+    weight = {("t", 0): 10.0, ("t", 1): 1000.0, ("t", 2): 0.0}  # t[2]: markers only, weighs nothing
+    ranges = plan_ranges({}, bounds, {tp: 0 for tp in bounds}, 3000, max_bytes=20_000, bytes_per_offset=weight)
+    spans = {r.partition: r.span for r in ranges}
+    assert spans[2] == 1000  # free: only the record cap applies
+    assert sum(spans[p] * weight[("t", p)] for p in (0, 1)) <= 20_000
+    # Fair in bytes: the light partition takes its whole lag (10 kB), the heavy one the rest.
+    assert spans[0] == 1000 and spans[1] == 10
+
+
+def test_the_tighter_of_the_two_caps_wins() -> None:
+    bounds = {("t", 0): B(0, 1000)}
+    w = {("t", 0): 100.0}
+    assert plan_ranges({}, bounds, {("t", 0): 0}, 50, max_bytes=1_000_000, bytes_per_offset=w)[0].span == 50
+    assert plan_ranges({}, bounds, {("t", 0): 0}, 1000, max_bytes=1_050, bytes_per_offset=w)[0].span == 10
+    assert plan_ranges({}, bounds, {("t", 0): 0}, 1000)[0].span == 1000  # no byte cap: records only
+
+
+def test_a_record_larger_than_the_byte_cap_still_moves_alone() -> None:
+    bounds = {("t", 0): B(0, 5), ("t", 1): B(0, 5)}
+    w = {("t", 0): 5_000.0, ("t", 1): 9_000.0}
+    ranges = plan_ranges({}, bounds, {tp: 0 for tp in bounds}, 100, max_bytes=1_000, bytes_per_offset=w)
+    assert sorted(r.span for r in ranges) == [0, 1]
+
+
 def test_a_start_below_the_log_start_is_retention_loss_not_a_skip() -> None:
     with pytest.raises(RetentionLossError) as info:
         plan_ranges({("t", 0): 5}, {("t", 0): B(20, 40)}, {}, 100)
