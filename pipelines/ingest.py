@@ -71,7 +71,7 @@ class IngestJob:
         from dataclasses import replace
 
         if self.pipeline.transactions.atomic:
-            intent = transactions.cut(self.spark, self.kafka_options, self.pipeline, intent)
+            intent = transactions.cut(self.client_config, self.pipeline, intent)
         self.held = intent.held
         if self.pipeline.dedup is not None:
             intent = replace(intent, dedup_version=table_version(self.spark, self.dedup_table))

@@ -5,15 +5,19 @@ that becomes ``_tidemark_txn``, a struct of the transaction's id, the event's po
 the declared size and how many events it declares for *this pipeline's* topics; a
 record without all of those headers (not from the relay) is its own transaction and
 gets null. The planning scan reads a proposed batch's ranges once, headers only, and
-returns for each multi-event transaction what :mod:`offsets.cut` needs to cut the batch.
+returns for each multi-event transaction what :mod:`offsets.cut` needs to cut the batch;
+it reads the same headers the same way in Python (:func:`txn_of`), and a test holds the
+two readings equal.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from datetime import UTC, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from offsets.cut import TxnSpan, cut_ranges, overdue
 from offsets.ledger import Intent
@@ -23,7 +27,7 @@ from tidemark.errors import TerminalError
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame
 
 log = logging.getLogger(__name__)
 
@@ -80,23 +84,88 @@ def txn_struct(pipeline: PipelineConfig) -> Column:
         expected.alias("expected"), F.lit(False).alias("released")))
 
 
-def scan(spark: SparkSession, kafka_options: Mapping[str, str], pipeline: PipelineConfig,
-         intent: Intent) -> list[TxnSpan]:
-    """Every multi-event source transaction with an event in ``intent``'s ranges."""
-    from pyspark.sql import functions as F
+_INT = re.compile(r"\s*[+-]?[0-9]+\s*")
 
-    from pipelines.transform import read_ranges
 
-    raw = with_txn_headers(read_ranges(spark, dict(kafka_options), intent).select(
-        "topic", "partition", "offset", "timestamp", "headers"))
-    t = txn_struct(pipeline)
-    events = (raw.select(t["id"].alias("id"), "topic", "partition", "offset", "timestamp",
-                         t["position"].alias("position"), t["expected"].alias("expected"))
-              .where(F.col("id").isNotNull() & (F.col("expected") > 1)))
-    # Aggregated in Arrow on the driver, not by two Spark groupBys and a collect of Rows:
-    # the events of multi-event transactions are a handful of narrow columns, and Spark's
-    # shuffles and Row conversion cost ~3x the read itself (measured with bench.g3_bench).
-    return spans(events.toArrow())
+def _int(raw: bytes | None) -> int | None:
+    """A header as an INT the way ``try_cast(... AS INT)`` reads it: digits, in range, else None."""
+    if raw is None:
+        return None
+    text = raw.decode("utf-8", "replace")
+    if not _INT.fullmatch(text):
+        return None
+    value = int(text)
+    return value if -(2**31) <= value < 2**31 else None
+
+
+def _counts(raw: bytes | None) -> dict[str, int] | None:
+    """``from_json(counts, 'map<string,int>')``: an object of whole numbers, else None."""
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not all(type(v) is int and -(2**31) <= v < 2**31 for v in data.values()):
+        return None
+    return data
+
+
+def topic_filter(pipeline: PipelineConfig) -> Callable[[str], bool]:
+    """Whether a topic named in ``topic_counts`` is one this pipeline reads (as :func:`txn_struct` decides)."""
+    if pipeline.topic_pattern is not None:
+        matcher = re.compile(f"^(?:{pipeline.topic_pattern})$")
+        return lambda topic: matcher.search(topic) is not None
+    topics = frozenset(pipeline.topics)
+    return topics.__contains__
+
+
+def txn_of(headers: list[tuple[str, bytes | None]], mine: Callable[[str], bool]) -> tuple[str, int, int] | None:
+    """(id, position, expected) of a record's source transaction, as :func:`txn_struct` gives them, or None."""
+    first: dict[str, bytes | None] = {}
+    for key, value in headers:
+        first.setdefault(key, value)
+    txid, lsn = first.get(H.TXID), first.get(H.LSN)
+    position, size = _int(first.get(H.POSITION)), _int(first.get(H.SIZE))
+    if txid is None or lsn is None or position is None or size is None or size <= 0:
+        return None
+    counts = _counts(first.get(H.TOPIC_COUNTS))
+    expected = size if counts is None else sum(n for topic, n in counts.items() if mine(topic))
+    return f"{lsn.decode('utf-8', 'replace')}/{txid.decode('utf-8', 'replace')}", position, expected
+
+
+def scan(client_config: Mapping[str, str], pipeline: PipelineConfig, intent: Intent) -> list[TxnSpan]:
+    """Every multi-event source transaction with an event in ``intent``'s ranges.
+
+    Read by librdkafka on the driver, headers only (``connectors.header_scan``): Spark's
+    reader would copy every value, and cost about what the batch's write costs. The
+    events of multi-event transactions are gathered in Arrow chunks and aggregated there.
+    """
+    import pyarrow as pa
+
+    from connectors.header_scan import headed_records
+
+    mine = topic_filter(pipeline)
+    schema = pa.schema([("id", pa.string()), ("topic", pa.string()), ("partition", pa.int32()),
+                        ("offset", pa.int64()), ("timestamp", pa.timestamp("ms", tz="UTC")),
+                        ("position", pa.int32()), ("expected", pa.int32())])
+    columns: list[list[Any]] = [[] for _ in schema]
+    chunks: list[pa.RecordBatch] = []
+    ranges = [(r.topic, r.partition, r.start, r.end) for r in intent.ranges]
+    for topic, partition, offset, timestamp, headers in headed_records(client_config, ranges):
+        txn = txn_of(headers, mine)
+        if txn is None or txn[2] <= 1:
+            continue
+        for column, value in zip(columns, (txn[0], topic, partition, offset, timestamp, txn[1], txn[2]), strict=True):
+            column.append(value)
+        if len(columns[0]) >= 100_000:
+            chunks.append(pa.RecordBatch.from_arrays([pa.array(c, f.type) for c, f in zip(columns, schema, strict=True)],
+                                                     schema=schema))
+            for column in columns:
+                column.clear()
+    chunks.append(pa.RecordBatch.from_arrays([pa.array(c, f.type) for c, f in zip(columns, schema, strict=True)],
+                                             schema=schema))
+    return spans(pa.Table.from_batches(chunks, schema=schema))
 
 
 def spans(events: pa.Table) -> list[TxnSpan]:
@@ -122,11 +191,11 @@ def spans(events: pa.Table) -> list[TxnSpan]:
     ]
 
 
-def cut(spark: SparkSession, kafka_options: Mapping[str, str], pipeline: PipelineConfig, intent: Intent) -> Intent:
+def cut(client_config: Mapping[str, str], pipeline: PipelineConfig, intent: Intent) -> Intent:
     """``intent`` cut at source-transaction boundaries, with the overdue ones released or refused."""
     from dataclasses import replace
 
-    spans = scan(spark, kafka_options, pipeline, intent)
+    spans = scan(client_config, pipeline, intent)
     if not spans:
         return intent
     policy = pipeline.transactions

@@ -198,3 +198,64 @@ def test_dedup_quarantines_copies_and_the_audit_catches_them_without_it(
     bad = {v.check: v for v in audit(spark, plain_cfg.pipelines[0], **options).verdicts}
     assert not bad["event id unique"].passed and "30 unexpected" in bad["event id unique"].observed
     assert bad["Kafka records = table rows + quarantine rows"].passed
+
+
+def test_the_planning_scan_reads_headers_as_the_table_column_does(spark, kafka_bootstrap: str,  # type: ignore[no-untyped-def]
+                                                                  topic_factory) -> None:
+    """The cut (librdkafka, Python) and ``_tidemark_txn`` (Spark) read the relay's headers alike,
+    malformed and foreign ones included; they must, or a cut could disagree with the audit."""
+    from connectors.header_scan import headed_records
+    from connectors.kafka_config import spark_options
+    from offsets.ledger import Intent, Range, now_utc
+    from pipelines.transactions import HEADERS_COLUMN, topic_filter, txn_of, txn_struct, with_txn_headers
+    from pipelines.transform import read_ranges
+
+    topic, other = topic_factory("g3-headers"), "elsewhere"
+    good = [(H.TXID, b"7"), (H.LSN, b"0/A"), (H.POSITION, b"1"), (H.SIZE, b"3")]
+    counts = (H.TOPIC_COUNTS, json.dumps({topic: 2, other: 1}).encode())
+    cases: list[list[tuple[str, bytes | None]]] = [
+        [*good, counts],                                             # 2 of 3 events here
+        [*good],                                                     # no counts: all 3 expected here
+        [*good, (H.TOPIC_COUNTS, json.dumps({other: 3}).encode())],  # none here: 0 expected
+        [*good, (H.TOPIC_COUNTS, b"not json")],                      # unreadable counts: the size
+        [*good, (H.TOPIC_COUNTS, b'{"a": 1.5}')],                    # not whole numbers: the size
+        [*good, (H.TOPIC_COUNTS, b"[1, 2]")],                        # not an object: the size
+        [*good, (H.TOPIC_COUNTS, json.dumps({topic: 2}).encode()), (H.TOPIC_COUNTS, b"{}")],  # first one counts
+        [(H.TXID, b"7"), (H.LSN, b"0/A"), (H.POSITION, b" 2 "), (H.SIZE, b"+3")],  # signs, spaces
+        [(H.TXID, b"7"), (H.LSN, b"0/A"), (H.POSITION, b"x"), (H.SIZE, b"3")],      # bad position
+        [(H.TXID, b"7"), (H.LSN, b"0/A"), (H.POSITION, b"0"), (H.SIZE, b"0")],      # size 0
+        [(H.TXID, b"7"), (H.LSN, b"0/A"), (H.POSITION, b"0"), (H.SIZE, b"99999999999")],  # overflow
+        [(H.TXID, None), (H.LSN, b"0/A"), (H.POSITION, b"0"), (H.SIZE, b"2")],      # null txid
+        [(H.LSN, b"0/A"), (H.POSITION, b"0"), (H.SIZE, b"2")],                      # no txid
+        [(H.EVENT_ID, b"only an id")],
+        [(H.TXID, "\u00e9".encode()), (H.LSN, b"0/\xff"), (H.POSITION, b"0"), (H.SIZE, b"2")],  # odd bytes
+    ]
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for headers in cases:
+        producer.produce(topic, value=b"{}", headers=headers, partition=0)
+    producer.produce(topic, value=b"{}", partition=0)  # no headers at all
+    producer.flush(10)
+    end = len(cases) + 1
+    pipeline = _config(kafka_bootstrap, Path("/tmp"), [topic]).pipelines[0]
+
+    mine = topic_filter(pipeline)
+    scanned = {offset: txn_of(headers, mine)
+               for _, _, offset, _, headers in headed_records({"bootstrap.servers": kafka_bootstrap},
+                                                              [(topic, 0, 0, end)])}
+    intent = Intent(pipeline.name, 1, "w", now_utc(), (Range(topic, 0, 0, end),))
+    t = txn_struct(pipeline)
+    rows = (with_txn_headers(read_ranges(spark, spark_options(_kafka(kafka_bootstrap), kafka_bootstrap), intent))
+            .select("offset", t["id"].alias("id"), t["position"].alias("position"),
+                    t["expected"].alias("expected"), HEADERS_COLUMN).collect())
+    column = {r.offset: None if r.id is None else (r.id, r.position, r.expected) for r in rows}
+    assert len(column) == end and len(scanned) == end - 1  # the record without headers is not scanned
+    assert column.pop(end - 1) is None
+    assert scanned == column
+    assert scanned[0] == ("0/A/7", 1, 2) and scanned[1] == ("0/A/7", 1, 3) and scanned[2] == ("0/A/7", 1, 0)
+    assert sum(v is None for v in scanned.values()) >= 5  # the malformed ones are single events in both
+
+
+def _kafka(bootstrap: str):  # type: ignore[no-untyped-def]
+    from tidemark.config import KafkaConnection
+
+    return KafkaConnection(bootstrap_servers=bootstrap)
