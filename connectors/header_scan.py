@@ -63,20 +63,20 @@ def headed_records(client_config: Mapping[str, str], ranges: Iterable[tuple[str,
         consumer.assign([TopicPartition(t, p, start) for (t, p), (start, _) in todo.items()])
         progress = time.monotonic()
         while pending:
-            # Take what is queued without waiting; block briefly only when nothing is.
-            messages: list[Any] = consumer.consume(num_messages=10_000, timeout=0) or []
-            if not messages:
-                one = consumer.poll(0.05)
-                messages = [one] if one is not None else []
+            # Up to 10,000 records per call; messages of one partition come in runs, so the
+            # per-partition look-ups happen once per run, not per record (the hot loop).
+            messages: list[Any] = consumer.consume(num_messages=10_000, timeout=0.05)
+            current: TP | None = None
+            live, end = False, 0
             for m in messages:
-                tp = (str(m.topic()), int(m.partition() or 0))
-                if tp not in pending:
-                    continue
-                end = todo[tp][1]
                 err = m.error()
                 if err is not None:
+                    tp = (str(m.topic()), int(m.partition() or 0))
+                    current = None  # re-read the partition's state after an event
+                    if tp not in pending:
+                        continue
                     if err.code() == KafkaError._PARTITION_EOF:
-                        if int(m.offset() or 0) >= end:
+                        if int(m.offset() or 0) >= todo[tp][1]:
                             finish(tp)
                         continue
                     if err.code() == KafkaError._AUTO_OFFSET_RESET:
@@ -84,17 +84,27 @@ def headed_records(client_config: Mapping[str, str], ranges: Iterable[tuple[str,
                             f"{tp[0]}[{tp[1]}]: offset {todo[tp][0]} was deleted by Kafka retention while the "
                             "batch was planned; nothing was skipped. Run the ingest again: it reports the loss")
                     raise ServiceUnavailableError(f"scanning {tp[0]}[{tp[1]}]: {err.str()}")
-                offset = int(m.offset() or 0)
-                if offset >= end:
-                    finish(tp)
+                topic, partition = m.topic(), m.partition()
+                if current is None or partition != current[1] or topic != current[0]:
+                    current = (topic, partition)
+                    live = current in pending
+                    end = todo[current][1] if live else 0
+                if not live:
                     continue
-                progress = time.monotonic()
+                offset = m.offset()
+                if offset >= end:
+                    finish(current)
+                    live = False
+                    continue
                 headers = m.headers()
                 if headers:
-                    yield tp[0], tp[1], offset, int(m.timestamp()[1]), headers
+                    yield topic, partition, offset, m.timestamp()[1], headers
                 if offset + 1 >= end:
-                    finish(tp)
-            if not messages and pending:
+                    finish(current)
+                    live = False
+            if messages:
+                progress = time.monotonic()
+            elif pending:
                 # Markers and aborted records move the position without delivering anything.
                 for p in consumer.position([TopicPartition(t, n) for t, n in pending]):
                     if p.offset >= todo[(p.topic, p.partition)][1]:

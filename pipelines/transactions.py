@@ -120,18 +120,34 @@ def topic_filter(pipeline: PipelineConfig) -> Callable[[str], bool]:
     return topics.__contains__
 
 
-def txn_of(headers: list[tuple[str, bytes | None]], mine: Callable[[str], bool]) -> tuple[str, int, int] | None:
-    """(id, position, expected) of a record's source transaction, as :func:`txn_struct` gives them, or None."""
-    first: dict[str, bytes | None] = {}
-    for key, value in headers:
-        first.setdefault(key, value)
-    txid, lsn = first.get(H.TXID), first.get(H.LSN)
-    position, size = _int(first.get(H.POSITION)), _int(first.get(H.SIZE))
-    if txid is None or lsn is None or position is None or size is None or size <= 0:
+def txn_of(headers: list[tuple[str, bytes | None]], mine: Callable[[str], bool],
+           memo: dict[tuple[bytes | None, ...], tuple[str, int] | None] | None = None) -> tuple[str, int, int] | None:
+    """(id, position, expected) of a record's source transaction, as :func:`txn_struct` gives them, or None.
+
+    ``memo`` caches what the events of one transaction share (all but the position).
+    """
+    first = dict(reversed(headers))  # the first value of each header, like header()
+    shared_key = (first.get(H.TXID), first.get(H.LSN), first.get(H.SIZE), first.get(H.TOPIC_COUNTS))
+    if memo is not None and shared_key in memo:
+        shared = memo[shared_key]
+    else:
+        shared = _shared(*shared_key, mine)
+        if memo is not None:
+            memo[shared_key] = shared
+    position = _int(first.get(H.POSITION))
+    if shared is None or position is None:
         return None
-    counts = _counts(first.get(H.TOPIC_COUNTS))
+    return shared[0], position, shared[1]
+
+
+def _shared(txid: bytes | None, lsn: bytes | None, size_raw: bytes | None, counts_raw: bytes | None,
+            mine: Callable[[str], bool]) -> tuple[str, int] | None:
+    size = _int(size_raw)
+    if txid is None or lsn is None or size is None or size <= 0:
+        return None
+    counts = _counts(counts_raw)
     expected = size if counts is None else sum(n for topic, n in counts.items() if mine(topic))
-    return f"{lsn.decode('utf-8', 'replace')}/{txid.decode('utf-8', 'replace')}", position, expected
+    return f"{lsn.decode('utf-8', 'replace')}/{txid.decode('utf-8', 'replace')}", expected
 
 
 def scan(client_config: Mapping[str, str], pipeline: PipelineConfig, intent: Intent) -> list[TxnSpan]:
@@ -149,22 +165,24 @@ def scan(client_config: Mapping[str, str], pipeline: PipelineConfig, intent: Int
     schema = pa.schema([("id", pa.string()), ("topic", pa.string()), ("partition", pa.int32()),
                         ("offset", pa.int64()), ("timestamp", pa.timestamp("ms", tz="UTC")),
                         ("position", pa.int32()), ("expected", pa.int32())])
-    columns: list[list[Any]] = [[] for _ in schema]
+    rows: list[tuple[Any, ...]] = []
     chunks: list[pa.RecordBatch] = []
+
+    def chunk() -> None:
+        columns = list(zip(*rows, strict=True)) if rows else [() for _ in schema]
+        chunks.append(pa.RecordBatch.from_arrays(
+            [pa.array(c, f.type) for c, f in zip(columns, schema, strict=True)], schema=schema))
+        rows.clear()
+
     ranges = [(r.topic, r.partition, r.start, r.end) for r in intent.ranges]
+    memo: dict[tuple[bytes | None, ...], tuple[str, int] | None] = {}
     for topic, partition, offset, timestamp, headers in headed_records(client_config, ranges):
-        txn = txn_of(headers, mine)
-        if txn is None or txn[2] <= 1:
-            continue
-        for column, value in zip(columns, (txn[0], topic, partition, offset, timestamp, txn[1], txn[2]), strict=True):
-            column.append(value)
-        if len(columns[0]) >= 100_000:
-            chunks.append(pa.RecordBatch.from_arrays([pa.array(c, f.type) for c, f in zip(columns, schema, strict=True)],
-                                                     schema=schema))
-            for column in columns:
-                column.clear()
-    chunks.append(pa.RecordBatch.from_arrays([pa.array(c, f.type) for c, f in zip(columns, schema, strict=True)],
-                                             schema=schema))
+        txn = txn_of(headers, mine, memo)
+        if txn is not None and txn[2] > 1:
+            rows.append((txn[0], topic, partition, offset, timestamp, txn[1], txn[2]))
+            if len(rows) >= 100_000:
+                chunk()
+    chunk()
     return spans(pa.Table.from_batches(chunks, schema=schema))
 
 
