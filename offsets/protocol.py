@@ -303,8 +303,9 @@ class CommitProtocol:
         next_id = (last.batch_id if last else 0) + 1
         weights: Mapping[TP, float] | None = None
         if max_bytes is not None and sizes is not None:
-            weights = sizes({tp: (previous.get(tp, starts.get(tp, b.stable_end)), b.stable_end)
-                             for tp, b in bounds.items()})
+            # Only readable starts: one below the log start is the planner's to report (retention loss).
+            readable = {tp: (previous.get(tp, starts.get(tp, b.stable_end)), b.stable_end) for tp, b in bounds.items()}
+            weights = sizes({tp: r for tp, r in readable.items() if r[0] >= bounds[tp].log_start})
         intent = self._plan(next_id, previous, bounds, starts, max_offsets, max_bytes, weights)
         if intent.is_empty and set(bounds) <= set(previous):
             return replay, None

@@ -153,13 +153,13 @@ def _shared(txid: bytes | None, lsn: bytes | None, size_raw: bytes | None, count
 def scan(client_config: Mapping[str, str], pipeline: PipelineConfig, intent: Intent) -> list[TxnSpan]:
     """Every multi-event source transaction with an event in ``intent``'s ranges.
 
-    Read by librdkafka on the driver, headers only (``connectors.header_scan``): Spark's
+    Read by librdkafka on the driver, headers only (``connectors.range_reader``): Spark's
     reader would copy every value, and cost about what the batch's write costs. The
     events of multi-event transactions are gathered in Arrow chunks and aggregated there.
     """
     import pyarrow as pa
 
-    from connectors.header_scan import headed_records
+    from connectors.range_reader import headed_records
 
     mine = topic_filter(pipeline)
     schema = pa.schema([("id", pa.string()), ("topic", pa.string()), ("partition", pa.int32()),

@@ -204,8 +204,8 @@ def test_the_planning_scan_reads_headers_as_the_table_column_does(spark, kafka_b
                                                                   topic_factory) -> None:
     """The cut (librdkafka, Python) and ``_tidemark_txn`` (Spark) read the relay's headers alike,
     malformed and foreign ones included; they must, or a cut could disagree with the audit."""
-    from connectors.header_scan import headed_records
     from connectors.kafka_config import spark_options
+    from connectors.range_reader import headed_records
     from offsets.ledger import Intent, Range, now_utc
     from pipelines.transactions import HEADERS_COLUMN, topic_filter, txn_of, txn_struct, with_txn_headers
     from pipelines.transform import read_ranges
