@@ -6,6 +6,11 @@ into its rows, and the other decisions a replay must repeat rather than re-make:
 incomplete transactions were released, and which table version dedup looked ids up in. Rows are append-only, so any past
 batch can be re-read bit for bit (backfill, G6), and each append carries
 ``txnAppId=<pipeline>``/``txnVersion=N``, so two writers cannot both claim ``N``.
+
+A *guarded* intent (G3 checked by its write instead of a planning scan) whose check
+failed gets one *revision*: the same batch re-planned with the scan, appended with
+``txnAppId=<pipeline>#revision``. The revision replaces the guarded row wherever the
+ledger is read; both stay in the table as the record of what happened.
 """
 
 from __future__ import annotations
@@ -63,6 +68,11 @@ class Intent:
     """How many source transactions the cut left for a later batch (for reports only)."""
     dedup_version: int | None = None
     """Target table version whose event ids this batch's dedup excludes (-1: no table yet)."""
+    guarded: bool = False
+    """G3 not cut by a planning scan: the write checks that no record belongs to a multi-event
+    source transaction, and aborts before its commit if one does (offsets.protocol, step 4)."""
+    txns: int | None = None
+    """Multi-event source transactions the planning scan saw in the proposed ranges (None: no scan)."""
 
     def ends(self) -> dict[TP, int]:
         return {r.tp: r.end for r in self.ranges}
@@ -87,8 +97,8 @@ class Intent:
                 [(r.topic, r.partition, r.start, r.end) for r in self.ranges], self.decisions_json())
 
     def decisions_json(self) -> str:
-        return json.dumps({"released": list(self.released), "held": self.held,
-                           "dedup_version": self.dedup_version}, separators=(",", ":"), sort_keys=True)
+        return json.dumps({"released": list(self.released), "held": self.held, "dedup_version": self.dedup_version,
+                           "guarded": self.guarded, "txns": self.txns}, separators=(",", ":"), sort_keys=True)
 
 
 def commit_metadata(user_metadata: str | None, pipeline: str) -> dict[str, object] | None:
@@ -182,29 +192,37 @@ class Ledger:
         if not self._exists():
             return []
         rows = self._rows(where).orderBy("batch_id").collect()
-        intents = []
+        by_batch: dict[int, Intent] = {}
         for row in rows:
             # Ledgers written before decisions existed have no such column (or null in it).
             decisions = json.loads(row.asDict().get("decisions") or "{}")
-            intents.append(Intent(
+            intent = Intent(
                 pipeline=row.pipeline, batch_id=int(row.batch_id), writer=row.writer,
                 planned_at=row.planned_at.astimezone(UTC),  # PySpark returns local naive time
                 ranges=tuple(sorted(Range(r.topic, int(r.partition), int(r.start_offset), int(r.end_offset))
                                     for r in row.ranges)),
                 released=tuple(decisions.get("released", ())), held=int(decisions.get("held", 0)),
-                dedup_version=decisions.get("dedup_version"),
-            ))
-        return intents
+                dedup_version=decisions.get("dedup_version"), guarded=bool(decisions.get("guarded", False)),
+                txns=decisions.get("txns"),
+            )
+            # A batch has one claim row and at most one revision, which is never guarded.
+            known = by_batch.get(intent.batch_id)
+            if known is None or (known.guarded and not intent.guarded):
+                by_batch[intent.batch_id] = intent
+        return [by_batch[b] for b in sorted(by_batch)]
 
-    def append(self, intent: Intent, *, write: str | None = None) -> None:
-        """Append ``intent``; Delta skips it if this pipeline already claimed that batch id.
+    def append(self, intent: Intent, *, write: str | None = None, revision: bool = False) -> None:
+        """Append ``intent``; Delta skips it if this pipeline already claimed (or revised) that batch id.
 
         ``write`` tags the commit's metadata, so the caller can tell its own commit from a
         skip by reading history instead of the ledger's data.
         """
+        if revision and intent.guarded:
+            raise ValueError("a revision is a scanned plan; it cannot be guarded again")
         df = self.spark.createDataFrame([intent.row()], LEDGER_SCHEMA)
+        app_id = f"{self.pipeline}#revision" if revision else self.pipeline
         (df.write.format("delta").mode("append")
-         .option("txnAppId", self.pipeline).option("txnVersion", intent.batch_id)
+         .option("txnAppId", app_id).option("txnVersion", intent.batch_id)
          .option("userMetadata", intent.to_json(write=write))
          .option("mergeSchema", "true")  # ledgers from before `decisions` gain the column
          .save(self.path))

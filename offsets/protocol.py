@@ -15,6 +15,8 @@ ledger; docs/design.md has the table of every crash point between them):
    source-transaction boundaries (G3, :mod:`offsets.cut`), the incomplete transactions
    released past their timeout, the table version dedup reads. A cut that leaves
    nothing grows the cap fourfold until a transaction fits whole. Nothing to read: stop.
+   Instead of a cut, ``decide`` may mark the intent *guarded*: written uncut, with step
+   4 checking every record (below).
 3. **Claim.** Append intent ``N+1`` to the ledger with ``txnAppId=<pipeline>``,
    ``txnVersion=N+1``, then re-read it: another writer's intent there means another run
    owns the pipeline (:class:`ConcurrentWriterError`); its batch is never written by us.
@@ -22,6 +24,11 @@ ledger; docs/design.md has the table of every crash point between them):
    ``txnVersion=N+1`` and the offsets as ``userMetadata``, in one pass over Kafka that
    also counts the bad records (a Spark ``Observation``). This Delta commit is the
    batch's commit point: rows and offsets become visible together or not at all.
+   A guarded intent's pass also evaluates the frames' ``guard`` on every record, and
+   the first record it flags fails the Spark job, so nothing commits. The batch is then
+   **revised**: re-decided by the pipeline's ``revise`` (the scan and cut), appended to
+   the ledger as the batch's revision (which every later read of the ledger, a replay
+   included, takes instead), and step 4 runs again with it.
 5. **Quarantine.** Append the batch's bad records to the quarantine table with the same
    ``(txnAppId, txnVersion)``. Only a batch with bad records is read from Kafka a
    second time; a batch without any writes nothing there. Either way the batch is then
@@ -42,7 +49,9 @@ batch's offsets.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import signal
 import time
 import uuid
@@ -56,14 +65,21 @@ from offsets.planner import plan_ranges
 from offsets.tables import read_small_file, write_small_file
 from tidemark.errors import TransientError
 
+log = logging.getLogger(__name__)
+
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, Observation, SparkSession
+    from pyspark.sql import Column, DataFrame, Observation, SparkSession
 
 #: How many of a table's newest commits are searched for our batch id: a few first, then more.
 SHORT_WINDOW = 4
 HISTORY_WINDOW = 50
 
 CRASH_POINTS = ("recovered", "planned", "claimed", "committed", "quarantined")
+#: Reached only when a guarded batch's check fails (its records hold a multi-event source transaction).
+GUARD_CRASH_POINTS = ("revised",)
+
+#: Starts the message a guarded write fails with when its check flags a record.
+GUARD_TRIPPED = "tidemark-guard-tripped: "
 
 #: How long step 4 waits for its Observation before asking history instead.
 OBSERVATION_WAIT_SECONDS = 2.0
@@ -99,6 +115,8 @@ class BatchFrames:
     records: DataFrame
     good: Callable[[DataFrame], DataFrame]
     bad: Callable[[DataFrame], DataFrame]
+    guard: Column | None = None
+    """Over ``records``: null where a guarded intent may write the record uncut, else why not."""
 
 
 @dataclass(frozen=True)
@@ -114,8 +132,12 @@ class BatchResult:
 #: Builds a batch's frames from its intent; must be deterministic in the intent.
 FrameBuilder = Callable[[Intent], BatchFrames]
 
-#: Step 2's second half: a planned intent with the pipeline's decisions made (may shrink its ranges).
-Decide = Callable[[Intent], Intent]
+#: Step 2's second half: a planned intent, and the batch before it, to the intent with the
+#: pipeline's decisions made (may shrink its ranges, or mark it guarded).
+Decide = Callable[[Intent, "Intent | None"], Intent]
+
+#: Step 4's revision of a guarded intent whose check failed: the same batch, decided without the guard.
+Revise = Callable[[Intent], Intent]
 
 
 def _completes(observation: Observation, timeout: float) -> bool:
@@ -144,6 +166,7 @@ class CommitProtocol:
     def __init__(
         self, spark: SparkSession, *, pipeline: str, target: str, quarantine: str, ledger: str,
         build_frames: FrameBuilder, partition_by: tuple[str, ...] = (), decide: Decide | None = None,
+        revise: Revise | None = None,
     ) -> None:
         self.spark = spark
         self.pipeline = pipeline
@@ -152,6 +175,7 @@ class CommitProtocol:
         self.ledger = Ledger(spark, ledger, pipeline)
         self.build_frames = build_frames
         self.decide = decide
+        self.revise = revise
         self.partition_by = partition_by
         self.writer_id = uuid.uuid4().hex
         self._settled: Intent | None = None
@@ -194,6 +218,7 @@ class CommitProtocol:
         committed = self.committed_batch()
         if committed is None or committed < last.batch_id:
             result = self._write(last, replayed=True)
+            last = result.intent  # the revision, if the replay revised it
         elif self._marked_settled(last) or (self.committed_batch(self.quarantine) or 0) >= last.batch_id:
             self._settled = last
             return last, None
@@ -207,16 +232,29 @@ class CommitProtocol:
     # -- steps 4 and 5 --------------------------------------------------------------
 
     def _write(self, intent: Intent, *, replayed: bool) -> BatchResult:
+        """Steps 4 and 5 of ``intent``, or of its revision if its guard trips (the result names which)."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
         frames = self.build_frames(intent)
+        records = frames.records
+        guarded = intent.guarded and frames.guard is not None
+        if intent.guarded and frames.guard is not None:
+            # A filter that keeps every record or fails the task: it cannot be pruned away,
+            # and it runs before the good/bad split, so a bad record is checked too.
+            records = records.where(F.when(frames.guard.isNull(), F.lit(True))
+                                    .otherwise(F.raise_error(F.concat(F.lit(GUARD_TRIPPED), frames.guard))))
         seen = Observation(f"tidemark-{self.pipeline}-{intent.batch_id}-{uuid.uuid4().hex[:8]}")
-        counted = frames.records.observe(
+        counted = records.observe(
             seen, F.count(F.lit(1)).alias("records"), F.count(F.col(ERROR_COLUMN)).alias("bad"))
         # Always commit, even with no rows: the commit carries the offsets.
-        landed = self._append(frames.good(counted), self.target, intent, partition_by=self.partition_by,
-                              observation=seen)
+        try:
+            landed = self._append(frames.good(counted), self.target, intent, partition_by=self.partition_by,
+                                  observation=seen)
+        except Exception as error:  # only the guard's own failure is handled here
+            if not guarded or GUARD_TRIPPED not in str(error):
+                raise
+            return self._write(self._revision(intent, error), replayed=replayed)
         # A skipped append runs no job, so its observation would never complete.
         stats = seen.get if landed else None
         _crash_point("committed")
@@ -224,6 +262,26 @@ class CommitProtocol:
         quarantined = self._quarantine(intent, frames, bad_count=bad)
         rows = int(stats["records"]) - int(stats["bad"]) if stats else 0
         return BatchResult(intent, replayed, rows, quarantined)
+
+    def _revision(self, intent: Intent, error: Exception) -> Intent:
+        """The stored revision of guarded ``intent``, made and appended now unless a replay already has."""
+        if self.revise is None:
+            raise RuntimeError(f"batch {intent.batch_id} is guarded, but this pipeline cannot revise it") from error
+        why = re.search(re.escape(GUARD_TRIPPED) + r"(.*?)(?: SQLSTATE|\n|$)", str(error))
+        log.info("batch %d: %s; planning it again with the scan (docs/design.md, G3 without a scan)",
+                 intent.batch_id, why.group(1) if why else "a record belongs to a multi-event source transaction")
+        stored = self.ledger.get(intent.batch_id)
+        if stored is None or stored.guarded:
+            revised = replace(self.revise(intent), guarded=False)
+            try:
+                self.ledger.append(revised, write=uuid.uuid4().hex, revision=True)
+            except _DELTA_CONFLICTS:
+                pass  # a rival's replay revised it first (the same revision: the scan is deterministic)
+            _crash_point("revised")
+            stored = self.ledger.get(intent.batch_id)
+        if stored is None or stored.guarded:
+            raise RuntimeError(f"batch {intent.batch_id}: its revision is not in the ledger {self.ledger.path}")
+        return stored
 
     def _quarantine(self, intent: Intent, frames: BatchFrames, *, bad_count: int | None) -> int:
         """Step 5. ``bad_count`` None means unknown (a recovery): the batch is read again to count."""
@@ -306,14 +364,14 @@ class CommitProtocol:
             # Only readable starts: one below the log start is the planner's to report (retention loss).
             readable = {tp: (previous.get(tp, starts.get(tp, b.stable_end)), b.stable_end) for tp, b in bounds.items()}
             weights = sizes({tp: r for tp, r in readable.items() if r[0] >= bounds[tp].log_start})
-        intent = self._plan(next_id, previous, bounds, starts, max_offsets, max_bytes, weights)
+        intent = self._plan(next_id, last, bounds, starts, max_offsets, max_bytes, weights)
         if intent.is_empty and set(bounds) <= set(previous):
             return replay, None
         _crash_point("planned")
 
         return replay, self._claim_and_write(intent)
 
-    def _plan(self, batch_id: int, previous: Mapping[TP, int], bounds: Mapping[TP, PartitionBounds],
+    def _plan(self, batch_id: int, last: Intent | None, bounds: Mapping[TP, PartitionBounds],
               starts: Mapping[TP, int], max_offsets: int, max_bytes: int | None = None,
               weights: Mapping[TP, float] | None = None) -> Intent:
         """Step 2: ranges within the cap, then the pipeline's decisions.
@@ -324,13 +382,14 @@ class CommitProtocol:
         waits. Each try is a scan, hence the steep growth.
         """
         planned_at = now_utc()
+        previous = last.ends() if last else {}
         cap, byte_cap = max_offsets, max_bytes
         while True:
             ranges = plan_ranges(previous, bounds, starts, cap, max_bytes=byte_cap, bytes_per_offset=weights)
             intent = Intent(self.pipeline, batch_id, self.writer_id, planned_at, ranges)
             if self.decide is None or intent.is_empty:
                 return intent
-            decided = self.decide(intent)
+            decided = self.decide(intent, last)
             readable = sum(b.stable_end - (previous[tp] if tp in previous else starts[tp])
                            for tp, b in bounds.items())
             if not decided.is_empty or cap >= readable and byte_cap is None:
@@ -366,6 +425,6 @@ class CommitProtocol:
 
         # Steps 4 and 5. Commit rows and offsets together, then settle the quarantine.
         result = self._write(intent, replayed=False)
-        self._mark_settled(intent)
+        self._mark_settled(result.intent)
         _crash_point("quarantined")
         return result

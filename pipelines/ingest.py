@@ -61,21 +61,42 @@ class IngestJob:
         self.kafka_options = spark_options(config.kafka, bootstrap)
         self.protocol = CommitProtocol(
             spark, pipeline=pipeline.name, target=pipeline.target, quarantine=pipeline.quarantine_path,
-            ledger=pipeline.ledger_path, partition_by=pipeline.partition_by, decide=self._decide,
+            ledger=pipeline.ledger_path, partition_by=pipeline.partition_by, decide=self._decide, revise=self._revise,
             build_frames=lambda intent: frames(spark, self.kafka_options, pipeline, intent,
                                                dedup_table=self.dedup_table),
         )
 
-    def _decide(self, intent: Intent) -> Intent:
-        """Step 2's decisions (see offsets.protocol): the G3 cut, then dedup's table version."""
+    def _decide(self, intent: Intent, last: Intent | None) -> Intent:
+        """Step 2's decisions (see offsets.protocol): G3 by a cut or a guard, then dedup's table version."""
         from dataclasses import replace
 
         if self.pipeline.transactions.atomic:
-            intent = transactions.cut(self.client_config, self.pipeline, intent)
+            if self._guess_no_multi_event(last):
+                intent = replace(intent, guarded=True)
+            else:
+                intent = transactions.cut(self.client_config, self.pipeline, intent)
         self.held = intent.held
         if self.pipeline.dedup is not None:
             intent = replace(intent, dedup_version=table_version(self.spark, self.dedup_table))
         return intent
+
+    def _guess_no_multi_event(self, last: Intent | None) -> bool:
+        """Whether to write the next batch guarded rather than scan it first (``transactions.scan: auto``).
+
+        A guess from the batch before: one that held no multi-event source transaction
+        (guarded and written, or scanned and found none) predicts another; a pipeline's
+        first batch guesses so too. A wrong guess costs the start of an aborted write and
+        one ledger append, after which batches are scanned until one finds none again.
+        """
+        if self.pipeline.transactions.scan == "always":
+            return False
+        return last is None or last.guarded or last.txns == 0
+
+    def _revise(self, intent: Intent) -> Intent:
+        """A guarded batch whose write met a multi-event transaction: the scan and cut, other decisions kept."""
+        revised = transactions.cut(self.client_config, self.pipeline, intent)
+        self.held = revised.held
+        return revised
 
     def snapshot(self) -> dict[TP, PartitionBounds]:
         """Every source partition with its log-start offset and LSO, now."""

@@ -111,6 +111,19 @@ def _counts(raw: bytes | None) -> dict[str, int] | None:
     return data
 
 
+def guard(txn: Column) -> Column:
+    """For a guarded batch's write (offsets.protocol): null unless the row's ``_tidemark_txn`` is multi-event.
+
+    Exactly the rows :func:`scan` would keep, so a batch that passes is one whose scan
+    would have found nothing to cut.
+    """
+    from pyspark.sql import functions as F
+
+    return F.when(txn.isNotNull() & (txn["expected"] > 1), F.concat(
+        F.lit("record "), F.col("topic"), F.lit(":"), F.col("partition").cast("string"), F.lit("@"),
+        F.col("offset").cast("string"), F.lit(" belongs to multi-event source transaction "), txn["id"]))
+
+
 def topic_filter(pipeline: PipelineConfig) -> Callable[[str], bool]:
     """Whether a topic named in ``topic_counts`` is one this pipeline reads (as :func:`txn_struct` decides)."""
     if pipeline.topic_pattern is not None:
@@ -214,6 +227,7 @@ def cut(client_config: Mapping[str, str], pipeline: PipelineConfig, intent: Inte
     from dataclasses import replace
 
     spans = scan(client_config, pipeline, intent)
+    intent = replace(intent, guarded=False, txns=len(spans))
     if not spans:
         return intent
     policy = pipeline.transactions

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from offsets.ledger import Intent
 from offsets.protocol import ERROR_COLUMN, BatchFrames
 from pipelines.dedup import EVENT_ID_COLUMN, flag_duplicates
-from pipelines.transactions import TXN_COLUMN, header, txn_struct, with_txn_headers
+from pipelines.transactions import TXN_COLUMN, guard, header, txn_struct, with_txn_headers
 from tidemark.config import PipelineConfig
 
 if TYPE_CHECKING:
@@ -99,10 +99,12 @@ def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: Pipelin
     if pipeline.dedup is not None:
         checked = flag_duplicates(spark, pipeline, intent, checked, dedup_table or pipeline.target)
     extra = [F.col("_event_id").alias(EVENT_ID_COLUMN)]
+    check: Column | None = None
     if pipeline.transactions.atomic:
         # Two projections, so each row's headers are read once and its struct built once.
         checked = with_txn_headers(checked).withColumn(TXN_COLUMN, txn_struct(pipeline))
         txn = F.col(TXN_COLUMN)
+        check = guard(txn)
         if intent.released:
             txn = F.when(txn.isNotNull(), txn.withField("released", txn["id"].isin(*intent.released)))
         extra.append(txn.alias(TXN_COLUMN))
@@ -126,4 +128,5 @@ def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: Pipelin
         records=checked,
         good=lambda df: df.where(F.col(ERROR_COLUMN).isNull()).select(*good_columns),
         bad=lambda df: df.where(F.col(ERROR_COLUMN).isNotNull()).select(*bad_columns),
+        guard=check,
     )

@@ -13,9 +13,13 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from tidemark.errors import TidemarkError
 from tidemark.settings import settings
+
+if TYPE_CHECKING:
+    from offsets.ledger import Intent
 
 
 def _table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
@@ -133,6 +137,16 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     return 0
 
 
+def _g3(intent: Intent) -> str:
+    """How a batch kept source transactions whole: its write's check, or a scan and what the cut did."""
+    if intent.guarded:
+        return "checked in write: none"
+    if intent.txns is None and not intent.held and not intent.released:
+        return "-"
+    seen = "?" if intent.txns is None else str(intent.txns)
+    return f"scanned: {seen}, {intent.held} held, {len(intent.released)} released"
+
+
 def cmd_offsets_show(args: argparse.Namespace) -> int:
     from connectors.kafka_config import librdkafka_config
     from infra.spark import build_session
@@ -152,10 +166,9 @@ def cmd_offsets_show(args: argparse.Namespace) -> int:
     print(_table(rows, ("topic", "partition", "next offset", "LSO", "lag (offsets)")))
     print(f"\nbatches ({len(intents)} in ledger {pipeline.ledger_path}; last {args.last} shown):")
     history = [(str(i.batch_id), i.planned_at.isoformat(), str(sum(r.span for r in i.ranges)),
-                f"{i.held}/{len(i.released)}",
-                " ".join(f"{r.topic}[{r.partition}]:{r.start}-{r.end}" for r in i.ranges if r.span))
+                _g3(i), " ".join(f"{r.topic}[{r.partition}]:{r.start}-{r.end}" for r in i.ranges if r.span))
                for i in intents[-args.last:]]
-    print(_table(history, ("batch", "planned at", "offsets", "txns held/released", "ranges")))
+    print(_table(history, ("batch", "planned at", "offsets", "G3 (multi-event txns)", "ranges")))
     print("\nnote: the newest batch is committed once `tidemark ingest` has run past it (a crash replays it)")
     return 0
 

@@ -88,6 +88,13 @@ class TransactionsConfig(BaseModel):
     on_incomplete: Literal["release", "stop"] = "release"
     """``release``: write what arrived, flagged ``_tidemark_txn.released``, and log an alert;
     ``stop``: fail the run with the transaction named, writing nothing of it."""
+    scan: Literal["auto", "always"] = "auto"
+    """How a batch is proved free of torn transactions. ``always``: a planning scan reads the
+    batch's headers before it is written, and the cut is made from them. ``auto``: after a
+    batch with no multi-event source transaction (and for a pipeline's first batch) the next
+    is written uncut and unscanned, its write checking every record instead; the first record
+    of a multi-event transaction aborts that write before its commit, and the batch is
+    re-planned with the scan (docs/design.md, "G3 without a scan")."""
 
 
 class DedupConfig(BaseModel):

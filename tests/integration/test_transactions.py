@@ -43,8 +43,12 @@ class SourceTxns:
         self.txid = 1000
         self.n = 0
 
-    def write(self, events: list[tuple[str, int]], *, drop: frozenset[int] = frozenset()) -> str:
-        """``events``: (topic, partition) per event; returns the transaction's id as the table shows it."""
+    def write(self, events: list[tuple[str, int]], *, drop: frozenset[int] = frozenset(),
+              bad: frozenset[int] = frozenset()) -> str:
+        """``events``: (topic, partition) per event; returns the transaction's id as the table shows it.
+
+        Events at ``bad`` positions carry a value that is not JSON (quarantined).
+        """
         self.txid += 1
         lsn = f"0/{self.txid:X}"
         counts: dict[str, int] = defaultdict(int)
@@ -58,8 +62,8 @@ class SourceTxns:
             headers = [(H.EVENT_ID, str(uuid.uuid4())), (H.TXID, str(self.txid)), (H.LSN, lsn),
                        (H.POSITION, str(position)), (H.SIZE, str(len(events))),
                        (H.TOPIC_COUNTS, json.dumps(dict(sorted(counts.items())), separators=(",", ":")))]
-            self.producer.produce(topic, value=json.dumps({"n": self.n}).encode(), key=b"k", partition=partition,
-                                  headers=headers)
+            value = b"not json" if position in bad else json.dumps({"n": self.n}).encode()
+            self.producer.produce(topic, value=value, key=b"k", partition=partition, headers=headers)
         self.producer.commit_transaction(30)
         return f"{lsn}/{self.txid}"
 
@@ -207,7 +211,14 @@ def test_the_planning_scan_reads_headers_as_the_table_column_does(spark, kafka_b
     from connectors.kafka_config import spark_options
     from connectors.range_reader import headed_records
     from offsets.ledger import Intent, Range, now_utc
-    from pipelines.transactions import HEADERS_COLUMN, topic_filter, txn_of, txn_struct, with_txn_headers
+    from pipelines.transactions import (
+        HEADERS_COLUMN,
+        guard,
+        topic_filter,
+        txn_of,
+        txn_struct,
+        with_txn_headers,
+    )
     from pipelines.transform import read_ranges
 
     topic, other = topic_factory("g3-headers"), "elsewhere"
@@ -246,8 +257,12 @@ def test_the_planning_scan_reads_headers_as_the_table_column_does(spark, kafka_b
     t = txn_struct(pipeline)
     rows = (with_txn_headers(read_ranges(spark, spark_options(_kafka(kafka_bootstrap), kafka_bootstrap), intent))
             .select("offset", t["id"].alias("id"), t["position"].alias("position"),
-                    t["expected"].alias("expected"), HEADERS_COLUMN).collect())
+                    t["expected"].alias("expected"), HEADERS_COLUMN, guard(t).alias("flagged")).collect())
     column = {r.offset: None if r.id is None else (r.id, r.position, r.expected) for r in rows}
+    # A guarded write fails on exactly the records the scan keeps for the cut (multi-event ones).
+    assert {r.offset for r in rows if r.flagged is not None} == {
+        o for o, v in column.items() if v is not None and v[2] > 1}
+    assert any(r.flagged is not None for r in rows) and any(r.flagged is None for r in rows)
     assert len(column) == end and len(scanned) == end - 1  # the record without headers is not scanned
     assert column.pop(end - 1) is None
     assert scanned == column
@@ -259,3 +274,108 @@ def _kafka(bootstrap: str):  # type: ignore[no-untyped-def]
     from tidemark.config import KafkaConnection
 
     return KafkaConnection(bootstrap_servers=bootstrap)
+
+
+def _ledger_rows(spark: Any, pipeline: Any, batch_id: int) -> list[bool]:
+    """The ``guarded`` flag of every ledger row of a batch, claim and revision alike, in the table itself."""
+    rows = spark.read.format("delta").load(pipeline.ledger_path).where(f"batch_id = {batch_id}").collect()
+    return sorted(bool(json.loads(r.decisions).get("guarded")) for r in rows)
+
+
+def _plain_records(bootstrap: str, topic: str, count: int) -> None:
+    """``count`` committed records without relay headers (each its own transaction, for G3)."""
+    producer = transactional_producer(bootstrap)
+    producer.begin_transaction()
+    for n in range(count):
+        producer.produce(topic, value=json.dumps({"n": 10_000 + n}).encode(), partition=n % 2)
+    producer.commit_transaction(30)
+
+
+def test_g3_is_checked_in_the_write_until_a_batch_meets_a_multi_event_transaction(  # type: ignore[no-untyped-def]
+        spark, kafka_bootstrap: str, topic_factory, tmp_path: Path, monkeypatch) -> None:
+    """``transactions.scan: auto``: batches with no multi-event transaction are not scanned;
+    the first that has one fails its own write, is revised with the scan, and lands cut;
+    the batch after a scan that found some is scanned at planning."""
+    from pipelines import transactions
+
+    topic = topic_factory("g3guard", partitions=2)
+    src = SourceTxns(kafka_bootstrap)
+    singles = {src.write([(topic, n % 2)]) for n in range(4)}
+    _plain_records(kafka_bootstrap, topic, 6)
+    config = _config(kafka_bootstrap, tmp_path, [topic])
+    pipeline = config.pipelines[0]
+    scanned: list[int] = []
+    real_scan = transactions.scan
+
+    def counted_scan(client_config: Any, pipeline: Any, intent: Any) -> Any:
+        scanned.append(intent.batch_id)
+        return real_scan(client_config, pipeline, intent)
+
+    monkeypatch.setattr(transactions, "scan", counted_scan)
+    ledger = Ledger(spark, pipeline.ledger_path, pipeline.name)
+
+    def ingest() -> None:
+        IngestJob(spark, config, pipeline, kafka_bootstrap).run_bounded()
+
+    # 1. Single-event transactions and records without headers: checked in the write, no scan.
+    ingest()
+    assert scanned == [] and _ledger_rows(spark, pipeline, 1) == [True]
+    assert spark.read.format("delta").load(pipeline.target).count() == 10
+    assert set(_txns(spark, pipeline.target)) == singles
+
+    # 2. A two-event transaction whose values are both bad: no target row, but the check
+    #    covers quarantine-bound records too, so the write fails and the batch is revised.
+    bad = src.write([(topic, 0), (topic, 1)], bad=frozenset({0, 1}))
+    ingest()
+    assert scanned == [2] and _ledger_rows(spark, pipeline, 2) == [False, True]
+    revised = ledger.get(2)
+    assert revised is not None and not revised.guarded and revised.txns == 1 and revised.held == 0
+    quarantined = spark.read.format("delta").load(pipeline.quarantine_path).collect()
+    assert len(quarantined) == 2
+    assert {r.error for r in quarantined} == {f"value does not parse as JSON matching the schema: {pipeline.schema_ddl}"}
+    assert {{h.key: h.value for h in r.headers}[H.TXID].decode() for r in quarantined} == {bad.split("/")[-1]}
+    assert spark.read.format("delta").load(pipeline.target).count() == 10
+
+    # 3. After a scan that found one: scanned at planning (no check, no revision), cut as before.
+    whole = src.write([(topic, 0), (topic, 1), (topic, 0)])
+    partial = src.write([(topic, 1), (topic, 0)], drop=frozenset({1}))  # its second event never arrives
+    ingest()
+    # (Then batch 4 is planned, scanned, and cut to nothing: only the held transaction is left.)
+    assert scanned[:2] == [2, 3] and set(scanned[2:]) == {4} and _ledger_rows(spark, pipeline, 3) == [False]
+    third = ledger.last()
+    assert third is not None and third.batch_id == 3 and third.txns == 2 and third.held == 1
+    txns = _txns(spark, pipeline.target)
+    assert txns[whole] == (3, 3, False) and partial not in txns and set(txns) == singles | {whole}
+    assert max(_txns(spark, pipeline.target, v).get(whole, (3,))[0] for v in _versions(spark, pipeline.target)) == 3
+
+
+def test_a_crash_after_the_revision_replays_the_stored_revision(  # type: ignore[no-untyped-def]
+        spark, kafka_bootstrap: str, topic_factory, tmp_path: Path) -> None:
+    """SIGKILL right after a guarded batch's revision is appended: the restart writes that
+    revision (no second one), and the table is exactly the topic's committed records."""
+    from tests.ingest_harness import ingest_argv, process_env
+
+    a, b = topic_factory("g3rev", partitions=2), topic_factory("g3rev", partitions=1)
+    src = SourceTxns(kafka_bootstrap)
+    written = {src.write([(a, 0)]): 1, src.write([(a, 1), (b, 0)]): 2, src.write([(b, 0), (a, 0), (a, 1)]): 3}
+    held = src.write([(a, 1), (b, 0)], drop=frozenset({0}))
+    config = _config(kafka_bootstrap, tmp_path, [a, b])
+    pipeline = config.pipelines[0]
+    path = tmp_path / "tidemark.yaml"
+    path.write_text(yaml.safe_dump(json.loads(config.model_dump_json(by_alias=True, exclude_none=True))))
+
+    crashed = subprocess.run(ingest_argv(path, pipeline=pipeline.name), env=process_env("revised"),
+                             capture_output=True, text=True, timeout=300, check=False)
+    assert crashed.returncode == -9, crashed.stderr[-3000:]
+    assert _ledger_rows(spark, pipeline, 1) == [False, True]
+    assert not delta_table_exists(spark, pipeline.target)
+
+    done = subprocess.run(ingest_argv(path, pipeline=pipeline.name), env=process_env(), capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "replayed batch 1" in done.stderr
+    assert _ledger_rows(spark, pipeline, 1) == [False, True]  # the stored revision, not a new one
+    stored = Ledger(spark, pipeline.ledger_path, pipeline.name).get(1)
+    assert stored is not None and stored.txns == 3 and stored.held == 1
+    assert {t: n for t, (n, _, _) in _txns(spark, pipeline.target).items()} == written
+    assert held not in _txns(spark, pipeline.target)
