@@ -7,7 +7,9 @@ into fresh tables from one SparkSession, order alternating over ``--reps``:
 
 * ``plain``: ``transactions.atomic: false``, no dedup (the rows, offsets and guarantees
   G1/G2/G7 only);
-* ``g3``: the default, with the planning scan and the cut;
+* ``g3``: the default (``transactions.scan: auto``): the first batch is written guarded,
+  meets a multi-event transaction, and is revised with the planning scan and the cut;
+* ``g3-scan``: ``transactions.scan: always``: scanned and cut from the start;
 * ``g3+dedup``: also ``dedup: {}`` (window lookup in the table, copies within the batch).
 
 Each run is checked: every event once, every transaction whole. Reported: medians and
@@ -37,6 +39,7 @@ SCHEMA = "order_id STRING, amount DOUBLE, note STRING"
 SETTINGS: dict[str, dict[str, Any]] = {
     "plain": {"transactions": {"atomic": False}},
     "g3": {},
+    "g3-scan": {"transactions": {"scan": "always"}},
     "g3+dedup": {"dedup": {}},
 }
 

@@ -24,7 +24,7 @@ from offsets.tables import delta_table_exists
 from tidemark.errors import TerminalError
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import Observation, SparkSession
 
 TP = tuple[str, int]
 
@@ -211,15 +211,21 @@ class Ledger:
                 by_batch[intent.batch_id] = intent
         return [by_batch[b] for b in sorted(by_batch)]
 
-    def append(self, intent: Intent, *, write: str | None = None, revision: bool = False) -> None:
+    def append(self, intent: Intent, *, write: str | None = None, revision: bool = False,
+               observation: Observation | None = None) -> None:
         """Append ``intent``; Delta skips it if this pipeline already claimed (or revised) that batch id.
 
         ``write`` tags the commit's metadata, so the caller can tell its own commit from a
-        skip by reading history instead of the ledger's data.
+        skip by reading history instead of the ledger's data. ``observation`` (a count) is
+        filled only if the append ran its job: a skipped append runs none.
         """
+        from pyspark.sql import functions as F
+
         if revision and intent.guarded:
             raise ValueError("a revision is a scanned plan; it cannot be guarded again")
         df = self.spark.createDataFrame([intent.row()], LEDGER_SCHEMA)
+        if observation is not None:
+            df = df.observe(observation, F.count(F.lit(1)).alias("rows"))
         app_id = f"{self.pipeline}#revision" if revision else self.pipeline
         (df.write.format("delta").mode("append")
          .option("txnAppId", app_id).option("txnVersion", intent.batch_id)

@@ -18,8 +18,10 @@ ledger; docs/design.md has the table of every crash point between them):
    Instead of a cut, ``decide`` may mark the intent *guarded*: written uncut, with step
    4 checking every record (below).
 3. **Claim.** Append intent ``N+1`` to the ledger with ``txnAppId=<pipeline>``,
-   ``txnVersion=N+1``, then re-read it: another writer's intent there means another run
-   owns the pipeline (:class:`ConcurrentWriterError`); its batch is never written by us.
+   ``txnVersion=N+1``. An append that ran its job (its ``Observation`` completed) and
+   returned has committed; otherwise history tells whether our append or a rival's holds
+   ``N+1``: a rival's means another run owns the pipeline (:class:`ConcurrentWriterError`);
+   its batch is never written by us.
 4. **Commit.** Append the good rows to the target with ``txnAppId=<pipeline>``,
    ``txnVersion=N+1`` and the offsets as ``userMetadata``, in one pass over Kafka that
    also counts the bad records (a Spark ``Observation``). This Delta commit is the
@@ -264,21 +266,25 @@ class CommitProtocol:
         return BatchResult(intent, replayed, rows, quarantined)
 
     def _revision(self, intent: Intent, error: Exception) -> Intent:
-        """The stored revision of guarded ``intent``, made and appended now unless a replay already has."""
+        """Guarded ``intent``'s revision, as the ledger stores it (ours, or a racing rival's)."""
         if self.revise is None:
             raise RuntimeError(f"batch {intent.batch_id} is guarded, but this pipeline cannot revise it") from error
         why = re.search(re.escape(GUARD_TRIPPED) + r"(.*?)(?: SQLSTATE|\n|$)", str(error))
         log.info("batch %d: %s; planning it again with the scan (docs/design.md, G3 without a scan)",
                  intent.batch_id, why.group(1) if why else "a record belongs to a multi-event source transaction")
-        stored = self.ledger.get(intent.batch_id)
-        if stored is None or stored.guarded:
-            revised = replace(self.revise(intent), guarded=False)
-            try:
-                self.ledger.append(revised, write=uuid.uuid4().hex, revision=True)
-            except _DELTA_CONFLICTS:
-                pass  # a rival's replay revised it first (the same revision: the scan is deterministic)
-            _crash_point("revised")
-            stored = self.ledger.get(intent.batch_id)
+        from pyspark.sql import Observation
+
+        # No revision is stored yet: step 1 would have read it instead of this guarded claim
+        # (unless a rival's replay is revising it right now, which Delta settles below).
+        revised = replace(self.revise(intent), guarded=False)
+        seen = Observation(f"tidemark-revision-{self.pipeline}-{intent.batch_id}-{uuid.uuid4().hex[:8]}")
+        try:
+            self.ledger.append(revised, write=uuid.uuid4().hex, revision=True, observation=seen)
+            ours = _completes(seen, OBSERVATION_WAIT_SECONDS)  # ran its job and returned: committed
+        except _DELTA_CONFLICTS:
+            ours = False  # a rival's replay revised it first (the same revision: the scan is deterministic)
+        _crash_point("revised")
+        stored = revised if ours else self.ledger.get(intent.batch_id)
         if stored is None or stored.guarded:
             raise RuntimeError(f"batch {intent.batch_id}: its revision is not in the ledger {self.ledger.path}")
         return stored
@@ -410,17 +416,23 @@ class CommitProtocol:
         return replay, self._claim_and_write(replace(planned, writer=self.writer_id))
 
     def _claim_and_write(self, intent: Intent) -> BatchResult:
-        # Step 3. Claim the batch, then confirm the claim is ours.
+        # Step 3. Claim the batch, then confirm the claim is ours: an append that ran its
+        # job and returned has committed (as in step 4); otherwise history decides.
+        from pyspark.sql import Observation
+
         token = uuid.uuid4().hex
+        seen = Observation(f"tidemark-claim-{self.pipeline}-{intent.batch_id}-{token[:8]}")
         try:
-            self.ledger.append(intent, write=token)
+            self.ledger.append(intent, write=token, observation=seen)
+            claimed = _completes(seen, OBSERVATION_WAIT_SECONDS) or self._landed(self.ledger.path, intent, token)
         except _DELTA_CONFLICTS:
-            pass  # a rival committed first; the check below says who owns the batch
-        if not self._landed(self.ledger.path, intent, token):
-            claimed = self.ledger.get(intent.batch_id)
+            # A rival committed first; history says who owns the batch.
+            claimed = self._landed(self.ledger.path, intent, token)
+        if not claimed:
+            owner = self.ledger.get(intent.batch_id)
             raise ConcurrentWriterError(
                 f"pipeline {self.pipeline!r}: batch {intent.batch_id} was claimed by another run "
-                f"(writer {claimed.writer[:8] if claimed else '?'}); only one ingest per pipeline may run")
+                f"(writer {owner.writer[:8] if owner else '?'}); only one ingest per pipeline may run")
         _crash_point("claimed")
 
         # Steps 4 and 5. Commit rows and offsets together, then settle the quarantine.

@@ -71,7 +71,7 @@ class IngestJob:
         from dataclasses import replace
 
         if self.pipeline.transactions.atomic:
-            if self._guess_no_multi_event(last):
+            if self._guess_no_multi_event(intent, last):
                 intent = replace(intent, guarded=True)
             else:
                 intent = transactions.cut(self.client_config, self.pipeline, intent)
@@ -80,17 +80,22 @@ class IngestJob:
             intent = replace(intent, dedup_version=table_version(self.spark, self.dedup_table))
         return intent
 
-    def _guess_no_multi_event(self, last: Intent | None) -> bool:
-        """Whether to write the next batch guarded rather than scan it first (``transactions.scan: auto``).
+    def _guess_no_multi_event(self, intent: Intent, last: Intent | None) -> bool:
+        """Whether to write ``intent`` guarded rather than scan it first (``transactions.scan: auto``).
 
-        A guess from the batch before: one that held no multi-event source transaction
-        (guarded and written, or scanned and found none) predicts another; a pipeline's
-        first batch guesses so too. A wrong guess costs the start of an aborted write and
-        one ledger append, after which batches are scanned until one finds none again.
+        A guess: a batch written guarded predicts another. A pipeline's first batch, and the
+        first after a scan that found none, look at the first records of each range
+        (:func:`pipelines.transactions.probe`, a fraction of a second) before guessing so.
+        A wrong guess costs the start of an aborted write and one ledger append, after which
+        batches are scanned until one finds none again.
         """
         if self.pipeline.transactions.scan == "always":
             return False
-        return last is None or last.guarded or last.txns == 0
+        if last is not None and last.guarded:
+            return True
+        if last is not None and last.txns != 0:
+            return False
+        return not transactions.probe(self.client_config, self.pipeline, intent)
 
     def _revise(self, intent: Intent) -> Intent:
         """A guarded batch whose write met a multi-event transaction: the scan and cut, other decisions kept."""

@@ -348,6 +348,15 @@ def test_g3_is_checked_in_the_write_until_a_batch_meets_a_multi_event_transactio
     assert txns[whole] == (3, 3, False) and partial not in txns and set(txns) == singles | {whole}
     assert max(_txns(spark, pipeline.target, v).get(whole, (3,))[0] for v in _versions(spark, pipeline.target)) == 3
 
+    # 4. A new pipeline on the same topic: the probe of its first batch sees the multi-event
+    #    transactions among the first records, so that batch is scanned at planning, not guarded.
+    second = _config(kafka_bootstrap, tmp_path, [topic], name="again").pipelines[0]
+    IngestJob(spark, config, second, kafka_bootstrap).run_bounded()
+    assert _ledger_rows(spark, second, 1) == [False]
+    first = Ledger(spark, second.ledger_path, second.name).get(1)
+    assert first is not None and first.txns == 3 and first.held == 1
+    assert _txns(spark, second.target) == txns
+
 
 def test_a_crash_after_the_revision_replays_the_stored_revision(  # type: ignore[no-untyped-def]
         spark, kafka_bootstrap: str, topic_factory, tmp_path: Path) -> None:
@@ -357,25 +366,28 @@ def test_a_crash_after_the_revision_replays_the_stored_revision(  # type: ignore
 
     a, b = topic_factory("g3rev", partitions=2), topic_factory("g3rev", partitions=1)
     src = SourceTxns(kafka_bootstrap)
-    written = {src.write([(a, 0)]): 1, src.write([(a, 1), (b, 0)]): 2, src.write([(b, 0), (a, 0), (a, 1)]): 3}
-    held = src.write([(a, 1), (b, 0)], drop=frozenset({0}))
+    written = {src.write([(a, 0)]): 1, src.write([(a, 1)]): 1, src.write([(b, 0)]): 1}
     config = _config(kafka_bootstrap, tmp_path, [a, b])
     pipeline = config.pipelines[0]
+    IngestJob(spark, config, pipeline, kafka_bootstrap).run_bounded()  # batch 1: guarded, no trip
+    assert _ledger_rows(spark, pipeline, 1) == [True]
+    written |= {src.write([(a, 1), (b, 0)]): 2, src.write([(b, 0), (a, 0), (a, 1)]): 3}
+    held = src.write([(a, 1), (b, 0)], drop=frozenset({0}))
     path = tmp_path / "tidemark.yaml"
     path.write_text(yaml.safe_dump(json.loads(config.model_dump_json(by_alias=True, exclude_none=True))))
 
     crashed = subprocess.run(ingest_argv(path, pipeline=pipeline.name), env=process_env("revised"),
                              capture_output=True, text=True, timeout=300, check=False)
     assert crashed.returncode == -9, crashed.stderr[-3000:]
-    assert _ledger_rows(spark, pipeline, 1) == [False, True]
-    assert not delta_table_exists(spark, pipeline.target)
+    assert _ledger_rows(spark, pipeline, 2) == [False, True]
+    assert spark.read.format("delta").load(pipeline.target).count() == 3  # batch 1 only
 
     done = subprocess.run(ingest_argv(path, pipeline=pipeline.name), env=process_env(), capture_output=True,
                           text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "replayed batch 1" in done.stderr
-    assert _ledger_rows(spark, pipeline, 1) == [False, True]  # the stored revision, not a new one
-    stored = Ledger(spark, pipeline.ledger_path, pipeline.name).get(1)
+    assert "replayed batch 2" in done.stderr
+    assert _ledger_rows(spark, pipeline, 2) == [False, True]  # the stored revision, not a new one
+    stored = Ledger(spark, pipeline.ledger_path, pipeline.name).get(2)
     assert stored is not None and stored.txns == 3 and stored.held == 1
     assert {t: n for t, (n, _, _) in _txns(spark, pipeline.target).items()} == written
     assert held not in _txns(spark, pipeline.target)
