@@ -127,10 +127,14 @@ class RangeReader:
                         "is the broker up?")
 
 
-def headed_records(client_config: Mapping[str, str],
-                   ranges: Iterable[tuple[str, int, int, int]]) -> Iterator[tuple[str, int, int, int, Headers]]:
-    """``(topic, partition, offset, timestamp ms, headers)`` of every record with headers in ``ranges``."""
-    with RangeReader(client_config, ranges) as reader:
+def headed_records(client_config: Mapping[str, str], ranges: Iterable[tuple[str, int, int, int]],
+                   *, small: bool = False) -> Iterator[tuple[str, int, int, int, Headers]]:
+    """``(topic, partition, offset, timestamp ms, headers)`` of every record with headers in ``ranges``.
+
+    ``small``: the ranges are a few records each, so fetch kilobytes, not megabytes.
+    """
+    sizes = {"fetch_bytes": 4 * 1024 * 1024, "partition_fetch_bytes": 256 * 1024} if small else {}
+    with RangeReader(client_config, ranges, **sizes) as reader:
         for m in reader.records():
             headers = m.headers()
             if headers:

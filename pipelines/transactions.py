@@ -42,8 +42,9 @@ def header(name: str) -> Column:
     """The first value of Kafka header ``name`` as text, or null.
 
     The lookup is a higher-order function, which Spark evaluates interpreted even over an
-    empty array; most Kafka records have no headers, so those skip it (measured: about
-    1 s per million records of a write).
+    empty array; most Kafka records have no headers, so those skip it. (Side by side on
+    300,000 headerless 1 KB records, the write with the five transaction-header lookups
+    took 6.48 s, without them 6.17 s: about 1 s per million records.)
     """
     from pyspark.sql import functions as F
 
@@ -242,7 +243,7 @@ def probe(client_config: Mapping[str, str], pipeline: PipelineConfig, intent: In
     mine = topic_filter(pipeline)
     ranges = [(r.topic, r.partition, r.start, min(r.end, r.start + PROBE_RECORDS)) for r in intent.ranges if r.span]
     memo: dict[tuple[bytes | None, ...], tuple[str, int] | None] = {}
-    for *_, headers in headed_records(client_config, ranges):
+    for *_, headers in headed_records(client_config, ranges, small=True):
         txn = txn_of(headers, mine, memo)
         if txn is not None and txn[2] > 1:
             return True
