@@ -65,7 +65,7 @@ from connectors.admin import PartitionBounds
 from offsets.ledger import TP, Intent, Ledger, now_utc, recent_commits
 from offsets.planner import plan_ranges
 from offsets.tables import read_small_file, write_small_file
-from tidemark.errors import TransientError
+from tidemark.errors import TerminalError, TransientError
 
 log = logging.getLogger(__name__)
 
@@ -240,12 +240,13 @@ class CommitProtocol:
 
         frames = self.build_frames(intent)
         records = frames.records
-        guarded = intent.guarded and frames.guard is not None
-        if intent.guarded and frames.guard is not None:
+        # A pipeline without G3 (no guard) writes a guarded intent as it stands.
+        guard = frames.guard if intent.guarded else None
+        if guard is not None:
             # A filter that keeps every record or fails the task: it cannot be pruned away,
             # and it runs before the good/bad split, so a bad record is checked too.
-            records = records.where(F.when(frames.guard.isNull(), F.lit(True))
-                                    .otherwise(F.raise_error(F.concat(F.lit(GUARD_TRIPPED), frames.guard))))
+            records = records.where(F.when(guard.isNull(), F.lit(True))
+                                    .otherwise(F.raise_error(F.concat(F.lit(GUARD_TRIPPED), guard))))
         seen = Observation(f"tidemark-{self.pipeline}-{intent.batch_id}-{uuid.uuid4().hex[:8]}")
         counted = records.observe(
             seen, F.count(F.lit(1)).alias("records"), F.count(F.col(ERROR_COLUMN)).alias("bad"))
@@ -254,7 +255,7 @@ class CommitProtocol:
             landed = self._append(frames.good(counted), self.target, intent, partition_by=self.partition_by,
                                   observation=seen)
         except Exception as error:  # only the guard's own failure is handled here
-            if not guarded or GUARD_TRIPPED not in str(error):
+            if guard is None or GUARD_TRIPPED not in str(error):
                 raise
             return self._write(self._revision(intent, error), replayed=replayed)
         # A skipped append runs no job, so its observation would never complete.
@@ -267,13 +268,14 @@ class CommitProtocol:
 
     def _revision(self, intent: Intent, error: Exception) -> Intent:
         """Guarded ``intent``'s revision, as the ledger stores it (ours, or a racing rival's)."""
+        from pyspark.sql import Observation
+
         if self.revise is None:
-            raise RuntimeError(f"batch {intent.batch_id} is guarded, but this pipeline cannot revise it") from error
+            raise TerminalError(f"batch {intent.batch_id} is guarded and its check failed, but this job has no "
+                                "planning scan to revise it with; run `tidemark ingest` for the pipeline") from error
         why = re.search(re.escape(GUARD_TRIPPED) + r"(.*?)(?: SQLSTATE|\n|$)", str(error))
         log.info("batch %d: %s; planning it again with the scan (docs/design.md, G3 without a scan)",
                  intent.batch_id, why.group(1) if why else "a record belongs to a multi-event source transaction")
-        from pyspark.sql import Observation
-
         # No revision is stored yet: step 1 would have read it instead of this guarded claim
         # (unless a rival's replay is revising it right now, which Delta settles below).
         revised = replace(self.revise(intent), guarded=False)
@@ -286,7 +288,8 @@ class CommitProtocol:
         _crash_point("revised")
         stored = revised if ours else self.ledger.get(intent.batch_id)
         if stored is None or stored.guarded:
-            raise RuntimeError(f"batch {intent.batch_id}: its revision is not in the ledger {self.ledger.path}")
+            raise TransientError(f"batch {intent.batch_id}: its revision is not in the ledger {self.ledger.path} "
+                                 "yet; run again (the next run revises it or reads it)")
         return stored
 
     def _quarantine(self, intent: Intent, frames: BatchFrames, *, bad_count: int | None) -> int:
