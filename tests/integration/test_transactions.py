@@ -358,10 +358,12 @@ def test_g3_is_checked_in_the_write_until_a_batch_meets_a_multi_event_transactio
     assert _txns(spark, second.target) == txns
 
 
-def test_a_crash_after_the_revision_replays_the_stored_revision(  # type: ignore[no-untyped-def]
+def test_crashes_around_a_revision_replay_it_exactly(  # type: ignore[no-untyped-def]
         spark, kafka_bootstrap: str, topic_factory, tmp_path: Path) -> None:
-    """SIGKILL right after a guarded batch's revision is appended: the restart writes that
-    revision (no second one), and the table is exactly the topic's committed records."""
+    """SIGKILL after a guarded batch's claim, then (in the replay that trips its check) right
+    after its revision is appended: the restart writes that revision (no second one), and
+    the table is exactly the topic's committed records. (The slow G3 crash test cannot
+    reach these points: its relay data has multi-event transactions in every batch.)"""
     from tests.ingest_harness import ingest_argv, process_env
 
     a, b = topic_factory("g3rev", partitions=2), topic_factory("g3rev", partitions=1)
@@ -376,9 +378,14 @@ def test_a_crash_after_the_revision_replays_the_stored_revision(  # type: ignore
     path = tmp_path / "tidemark.yaml"
     path.write_text(yaml.safe_dump(json.loads(config.model_dump_json(by_alias=True, exclude_none=True))))
 
-    crashed = subprocess.run(ingest_argv(path, pipeline=pipeline.name), env=process_env("revised"),
-                             capture_output=True, text=True, timeout=300, check=False)
-    assert crashed.returncode == -9, crashed.stderr[-3000:]
+    def crash_at(point: str) -> None:
+        crashed = subprocess.run(ingest_argv(path, pipeline=pipeline.name), env=process_env(point),
+                                 capture_output=True, text=True, timeout=300, check=False)
+        assert crashed.returncode == -9, crashed.stderr[-3000:]
+
+    crash_at("claimed")  # batch 2 claimed guarded (the batch before was guarded), nothing written
+    assert _ledger_rows(spark, pipeline, 2) == [True]
+    crash_at("revised")  # the replay of batch 2 trips its check and revises it
     assert _ledger_rows(spark, pipeline, 2) == [False, True]
     assert spark.read.format("delta").load(pipeline.target).count() == 3  # batch 1 only
 

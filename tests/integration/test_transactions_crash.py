@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from offsets.ledger import Ledger
-from offsets.protocol import CRASH_POINTS, GUARD_CRASH_POINTS
+from offsets.protocol import CRASH_POINTS
 from tests.ingest_harness import ingest_argv, process_env
 from tests.relay_harness import RelaySetup, Writers, kill_group
 
@@ -70,7 +70,7 @@ def test_source_transactions_are_whole_in_every_version_across_kills(
         # loaded machine a batch takes ~8 s, so the round count adapts instead of the bar.
         while (kills < 8 or _versions(target) < 10) and round_ < 16:
             config = _config(setup, target, rng.choice([20, 60, 250, 1000]))
-            crash_at = rng.choice(CRASH_POINTS + GUARD_CRASH_POINTS) if round_ % 2 else None
+            crash_at = rng.choice(CRASH_POINTS) if round_ % 2 else None
             log_path = tmp_path / f"ingest-{round_}.log"
             log = open(log_path, "wb")  # noqa: SIM115 - the child owns it
             before = _versions(target)
