@@ -120,7 +120,14 @@ def test_a_transient_failure_is_retried_and_a_terminal_one_is_not(
 def test_a_served_schedule_runs_a_real_ingest(
         prefect_api: str, spark, kafka_bootstrap: str, topic_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from prefect import get_client
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterName,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
     from prefect.client.schemas.sorting import FlowRunSort
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -140,9 +147,15 @@ def test_a_served_schedule_runs_a_real_ingest(
         serve.send_signal(signal.SIGTERM)
         serve.wait(120)
     assert_exactly_once(spark, str(target), kafka_bootstrap, [topic])
+    # Ask for the completed runs themselves: a 5-second schedule keeps ~100 future runs
+    # scheduled, and a page of all runs may hold none of the completed ones.
     with temporary_settings(updates={PREFECT_API_URL: prefect_api}), get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(deployment_filter=DeploymentFilter(
-            name=DeploymentFilterName(any_=["ingest-served"])), sort=FlowRunSort.ID_DESC, limit=100)
-    completed = [r for r in runs if r.state_type and r.state_type.value == "COMPLETED"]
+        deployment = DeploymentFilter(name=DeploymentFilterName(any_=["ingest-served"]))
+        completed = client.read_flow_runs(
+            deployment_filter=deployment, sort=FlowRunSort.ID_DESC, limit=100,
+            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
+                type=FlowRunFilterStateType(any_=[StateType.COMPLETED]))))
+        runs = client.read_flow_runs(deployment_filter=deployment, sort=FlowRunSort.ID_DESC, limit=10)
     assert completed, [(r.name, r.state_name) for r in runs]
+    assert all(r.state_type == StateType.COMPLETED for r in completed)
     assert all(r.auto_scheduled for r in completed), "runs came from the schedule, not by hand"
