@@ -278,7 +278,7 @@ class CommitProtocol:
                  intent.batch_id, why.group(1) if why else "a record belongs to a multi-event source transaction")
         # No revision is stored yet: step 1 would have read it instead of this guarded claim
         # (unless a rival's replay is revising it right now, which Delta settles below).
-        revised = replace(self.revise(intent), guarded=False)
+        revised = self.revise(intent)  # never guarded: Ledger.append refuses a guarded revision
         seen = Observation(f"tidemark-revision-{self.pipeline}-{intent.batch_id}-{uuid.uuid4().hex[:8]}")
         try:
             self.ledger.append(revised, write=uuid.uuid4().hex, revision=True, observation=seen)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from datetime import UTC, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -178,9 +178,6 @@ def scan(client_config: Mapping[str, str], pipeline: PipelineConfig, intent: Int
     """
     import pyarrow as pa
 
-    from connectors.range_reader import headed_records
-
-    mine = topic_filter(pipeline)
     schema = pa.schema([("id", pa.string()), ("topic", pa.string()), ("partition", pa.int32()),
                         ("offset", pa.int64()), ("timestamp", pa.timestamp("ms", tz="UTC")),
                         ("position", pa.int32()), ("expected", pa.int32())])
@@ -194,15 +191,26 @@ def scan(client_config: Mapping[str, str], pipeline: PipelineConfig, intent: Int
         rows.clear()
 
     ranges = [(r.topic, r.partition, r.start, r.end) for r in intent.ranges]
-    memo: dict[tuple[bytes | None, ...], tuple[str, int] | None] = {}
-    for topic, partition, offset, timestamp, headers in headed_records(client_config, ranges):
-        txn = txn_of(headers, mine, memo)
-        if txn is not None and txn[2] > 1:
-            rows.append((txn[0], topic, partition, offset, timestamp, txn[1], txn[2]))
-            if len(rows) >= 100_000:
-                chunk()
+    for row in _multi_event(client_config, pipeline, ranges):
+        rows.append(row)
+        if len(rows) >= 100_000:
+            chunk()
     chunk()
     return spans(pa.Table.from_batches(chunks, schema=schema))
+
+
+def _multi_event(client_config: Mapping[str, str], pipeline: PipelineConfig, ranges: list[tuple[str, int, int, int]],
+                 *, small: bool = False) -> Generator[tuple[str, str, int, int, int, int, int], None, None]:
+    """(id, topic, partition, offset, timestamp ms, position, expected) of each event of a
+    multi-event transaction in ``ranges``: the records :func:`scan` keeps and :func:`guard` flags."""
+    from connectors.range_reader import headed_records
+
+    mine = topic_filter(pipeline)
+    memo: dict[tuple[bytes | None, ...], tuple[str, int] | None] = {}
+    for topic, partition, offset, timestamp, headers in headed_records(client_config, ranges, small=small):
+        txn = txn_of(headers, mine, memo)
+        if txn is not None and txn[2] > 1:
+            yield txn[0], topic, partition, offset, timestamp, txn[1], txn[2]
 
 
 def spans(events: pa.Table) -> list[TxnSpan]:
@@ -238,16 +246,12 @@ def probe(client_config: Mapping[str, str], pipeline: PipelineConfig, intent: In
     Only a guess for :class:`pipelines.ingest.IngestJob` (a guarded write checks every
     record); relay topics with multi-event transactions show them in the first records.
     """
-    from connectors.range_reader import headed_records
-
-    mine = topic_filter(pipeline)
     ranges = [(r.topic, r.partition, r.start, min(r.end, r.start + PROBE_RECORDS)) for r in intent.ranges if r.span]
-    memo: dict[tuple[bytes | None, ...], tuple[str, int] | None] = {}
-    for *_, headers in headed_records(client_config, ranges, small=True):
-        txn = txn_of(headers, mine, memo)
-        if txn is not None and txn[2] > 1:
-            return True
-    return False
+    events = _multi_event(client_config, pipeline, ranges, small=True)
+    try:
+        return next(events, None) is not None
+    finally:
+        events.close()  # closes the reader's consumer now, not when collected
 
 
 def cut(client_config: Mapping[str, str], pipeline: PipelineConfig, intent: Intent) -> Intent:

@@ -91,9 +91,10 @@ class TransactionsConfig(BaseModel):
     scan: Literal["auto", "always"] = "auto"
     """How a batch is proved free of torn transactions. ``always``: a planning scan reads the
     batch's headers before it is written, and the cut is made from them. ``auto``: after a
-    batch with no multi-event source transaction (and for a pipeline's first batch) the next
-    is written uncut and unscanned, its write checking every record instead; the first record
-    of a multi-event transaction aborts that write before its commit, and the batch is
+    batch written this way, or (once a probe of each range's first records finds none) for a
+    pipeline's first batch and after a scan that found no multi-event source transaction, the
+    next is written uncut and unscanned, its write checking every record instead; the first
+    record of a multi-event transaction aborts that write before its commit, and the batch is
     re-planned with the scan (docs/design.md, "G3 without a scan")."""
 
 
