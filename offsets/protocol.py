@@ -1,4 +1,4 @@
-"""The commit protocol: a batch's rows and the Kafka offsets that produced them land in one
+r"""The commit protocol: a batch's rows and the Kafka offsets that produced them land in one
 Delta commit, exactly once, whatever instant the process dies at.
 
 Steps of :meth:`CommitProtocol.run_batch`, in order (``N`` is the newest batch id in the
@@ -24,7 +24,8 @@ ledger; docs/design.md has the table of every crash point between them):
    its batch is never written by us.
 4. **Commit.** Append the good rows to the target with ``txnAppId=<pipeline>``,
    ``txnVersion=N+1`` and the offsets as ``userMetadata``, in one pass over Kafka that
-   also counts the bad records (a Spark ``Observation``). This Delta commit is the
+   also counts the records read and the rows written (two Spark ``Observation``\ s; the
+   difference is the bad records). This Delta commit is the
    batch's commit point: rows and offsets become visible together or not at all.
    A guarded intent's pass also evaluates the frames' ``guard`` on every record, and
    the first record it flags fails the Spark job, so nothing commits. The batch is then
@@ -108,17 +109,24 @@ class ConcurrentWriterError(TransientError):
 class BatchFrames:
     """What a batch writes, from one read of its ranges.
 
-    ``records`` is every record of the batch with :data:`ERROR_COLUMN`; ``good`` and
-    ``bad`` project any frame of that shape to target rows and quarantine rows. Keeping
-    the projections separate lets step 4 count bad records in the same pass that writes
-    the good ones.
+    ``read`` is every record of the batch as Kafka gives it; ``check`` turns any frame of
+    that shape into :attr:`records`, with :data:`ERROR_COLUMN`; ``good`` and ``bad``
+    project records to target rows and quarantine rows. Keeping the steps apart lets step
+    4 count, in the same pass that writes the good rows, the records read (where they
+    leave Kafka) and the rows written (where they reach Delta): rows that Spark holds
+    anyway, so counting copies none.
     """
 
-    records: DataFrame
+    read: DataFrame
+    check: Callable[[DataFrame], DataFrame]
     good: Callable[[DataFrame], DataFrame]
     bad: Callable[[DataFrame], DataFrame]
     guard: Column | None = None
     """Over ``records``: null where a guarded intent may write the record uncut, else why not."""
+
+    @property
+    def records(self) -> DataFrame:
+        return self.check(self.read)
 
 
 @dataclass(frozen=True)
@@ -239,31 +247,33 @@ class CommitProtocol:
         from pyspark.sql import functions as F
 
         frames = self.build_frames(intent)
-        records = frames.records
+        tag = f"{self.pipeline}-{intent.batch_id}-{uuid.uuid4().hex[:8]}"
+        read, kept = Observation(f"tidemark-read-{tag}"), Observation(f"tidemark-kept-{tag}")
+        records = frames.check(frames.read.observe(read, F.count(F.lit(1)).alias("records")))
         # A pipeline without G3 (no guard) writes a guarded intent as it stands.
         guard = frames.guard if intent.guarded else None
         if guard is not None:
-            # A filter that keeps every record or fails the task: it cannot be pruned away,
-            # and it runs before the good/bad split, so a bad record is checked too.
-            records = records.where(F.when(guard.isNull(), F.lit(True))
-                                    .otherwise(F.raise_error(F.concat(F.lit(GUARD_TRIPPED), guard))))
-        seen = Observation(f"tidemark-{self.pipeline}-{intent.batch_id}-{uuid.uuid4().hex[:8]}")
-        counted = records.observe(
-            seen, F.count(F.lit(1)).alias("records"), F.count(F.col(ERROR_COLUMN)).alias("bad"))
+            # Folded into the error column, which the good/bad split evaluates for every
+            # record: a bad record is checked too. (A filter would be pushed down past
+            # the parse and repeat the guard's expressions.)
+            records = records.withColumn(ERROR_COLUMN, F.when(guard.isNull(), F.col(ERROR_COLUMN)).otherwise(
+                F.raise_error(F.concat(F.lit(GUARD_TRIPPED), guard))))
+        good = frames.good(records).observe(kept, F.count(F.lit(1)).alias("rows"))
         # Always commit, even with no rows: the commit carries the offsets.
         try:
-            landed = self._append(frames.good(counted), self.target, intent, partition_by=self.partition_by,
-                                  observation=seen)
+            landed = self._append(good, self.target, intent, partition_by=self.partition_by, observation=kept)
         except Exception as error:  # only the guard's own failure is handled here
             if guard is None or GUARD_TRIPPED not in str(error):
                 raise
             return self._write(self._revision(intent, error), replayed=replayed)
-        # A skipped append runs no job, so its observation would never complete.
-        stats = seen.get if landed else None
         _crash_point("committed")
-        bad = int(stats["bad"]) if stats else None
+        # A skipped append runs no job, so its observations would never complete.
+        if landed:
+            rows = int(kept.get["rows"])
+            bad: int | None = int(read.get["records"]) - rows
+        else:
+            rows, bad = 0, None
         quarantined = self._quarantine(intent, frames, bad_count=bad)
-        rows = int(stats["records"]) - int(stats["bad"]) if stats else 0
         return BatchResult(intent, replayed, rows, quarantined)
 
     def _revision(self, intent: Intent, error: Exception) -> Intent:

@@ -27,7 +27,7 @@ from tidemark.errors import TerminalError
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import Column, DataFrame
+    from pyspark.sql import Column
 
 log = logging.getLogger(__name__)
 
@@ -41,49 +41,54 @@ class IncompleteTransactionError(TerminalError):
 def header(name: str) -> Column:
     """The first value of Kafka header ``name`` as text, or null.
 
-    The lookup is a higher-order function, which Spark evaluates interpreted even over an
-    empty array; most Kafka records have no headers, so those skip it. (Side by side on
-    300,000 headerless 1 KB records, the write with the five transaction-header lookups
-    took 6.48 s, without them 6.17 s: about 1 s per million records.)
+    Found by position in the header keys, not with a higher-order function: those are
+    evaluated interpreted and take the whole projection out of Spark's generated code,
+    which copies every row once more per projection (see :func:`txn_headers`).
     """
     from pyspark.sql import functions as F
 
-    match = F.filter("headers", lambda h: h["key"] == F.lit(name))
-    return F.when(F.size("headers") > 0, F.try_element_at(match, F.lit(1))["value"].cast("string"))
+    headers = F.col("headers")
+    first = F.get(headers["value"], F.array_position(headers["key"], name) - 1)  # position 0: null
+    return F.when(F.size(headers) > 0, first.cast("string"))
 
 
 HEADERS_COLUMN = "_tidemark_headers"
-_TXN_HEADERS = {"txid": H.TXID, "lsn": H.LSN, "position": H.POSITION, "size": H.SIZE, "counts": H.TOPIC_COUNTS}
+_TXN_HEADERS = {"txid": H.TXID, "lsn": H.LSN, "position": H.POSITION, "size": H.SIZE}
 
 
-def with_txn_headers(df: DataFrame) -> DataFrame:
-    """``df`` plus ``_tidemark_headers``: the relay's transaction headers as text, looked up once.
+def txn_headers(pipeline: PipelineConfig) -> Column:
+    """``_tidemark_headers``: the relay's transaction headers as text, and the events it counts here.
 
-    A header lookup is a higher-order function: interpreted, and never shared by Spark's
-    common-subexpression elimination. Used directly, each of the txn struct's many
-    references would repeat the scan of the header array (measured: the write pass 2x
-    slower). Computed in their own projection, they are read as plain struct fields.
+    ``counted`` is the sum of ``topic_counts`` over this pipeline's topics (null when
+    the header is missing or unreadable). It needs ``from_json`` and higher-order
+    functions, which Spark evaluates interpreted, so :mod:`pipelines.transform` computes
+    this column in the projection that already parses the value with ``from_json``;
+    everything reading it afterwards (:func:`txn_struct`, :func:`guard`) compiles to
+    generated code. Records without headers, most Kafka records, get null at the cost of
+    one size check.
     """
     from pyspark.sql import functions as F
 
-    return df.withColumn(HEADERS_COLUMN, F.struct(*[header(h).alias(k) for k, h in _TXN_HEADERS.items()]))
-
-
-def txn_struct(pipeline: PipelineConfig) -> Column:
-    """``_tidemark_txn`` of a row of :func:`with_txn_headers`: (id, position, size, expected, released=false), or null."""
-    from pyspark.sql import functions as F
-
-    h = F.col(HEADERS_COLUMN)
-    position = F.expr(f"try_cast({HEADERS_COLUMN}.position AS INT)")
-    size = F.expr(f"try_cast({HEADERS_COLUMN}.size AS INT)")
-    counts = F.from_json(h["counts"], "map<string,int>")
+    counts = F.from_json(header(H.TOPIC_COUNTS), "map<string,int>")
     if pipeline.topic_pattern is not None:
         pattern = f"^(?:{pipeline.topic_pattern})$"
         mine = F.map_filter(counts, lambda k, v: k.rlike(pattern))
     else:
         mine = F.map_filter(counts, lambda k, v: k.isin(*pipeline.topics))
+    counted = F.aggregate(F.map_values(mine), F.lit(0), lambda acc, x: acc + x)
+    return F.when(F.size("headers") > 0, F.struct(
+        *[header(h).alias(k) for k, h in _TXN_HEADERS.items()], counted.alias("counted")))
+
+
+def txn_struct() -> Column:
+    """``_tidemark_txn`` of a row with :func:`txn_headers`: (id, position, size, expected, released=false), or null."""
+    from pyspark.sql import functions as F
+
+    h = F.col(HEADERS_COLUMN)
+    position = F.expr(f"try_cast({HEADERS_COLUMN}.position AS INT)")
+    size = F.expr(f"try_cast({HEADERS_COLUMN}.size AS INT)")
     # Without a readable per-topic count, every event is expected here.
-    expected = F.coalesce(F.aggregate(F.map_values(mine), F.lit(0), lambda acc, x: acc + x), size)
+    expected = F.coalesce(h["counted"], size)
     valid = h["txid"].isNotNull() & h["lsn"].isNotNull() & position.isNotNull() & size.isNotNull() & (size > 0)
     return F.when(valid, F.struct(
         F.concat(h["lsn"], F.lit("/"), h["txid"]).alias("id"), position.alias("position"), size.alias("size"),

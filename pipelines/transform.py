@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from offsets.ledger import Intent
 from offsets.protocol import ERROR_COLUMN, BatchFrames
 from pipelines.dedup import EVENT_ID_COLUMN, flag_duplicates
-from pipelines.transactions import TXN_COLUMN, guard, header, txn_struct, with_txn_headers
+from pipelines.transactions import HEADERS_COLUMN, TXN_COLUMN, guard, header, txn_headers, txn_struct
 from tidemark.config import PipelineConfig
 
 if TYPE_CHECKING:
@@ -63,30 +63,31 @@ def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: Pipelin
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
-    raw = read_ranges(spark, kafka_options, intent)
-    stamped = raw.withColumn("_batch_id", F.lit(intent.batch_id).cast("bigint")).withColumn(
-        "_ingested_at", F.lit(intent.planned_at).cast("timestamp"))  # aware: the instant, whatever the local zone
-
+    # What Spark cannot compile to generated code (`from_json`, the higher-order functions
+    # of the header count) goes in one projection, `first`, as in the peer's Kafka→Delta
+    # job; everything after it compiles into one stage with the write. Spread over several
+    # projections, each of them ran interpreted and copied every row once more.
+    first: dict[str, Column] = {}
+    value_error = F.when(F.col("value").isNull(), F.lit("tombstone: null value"))
     if pipeline.format == "json":
         schema = StructType.fromDDL(pipeline.schema_ddl or "")
         assert isinstance(schema, StructType)  # a column list always parses to a struct
         parse_schema = StructType([*schema.fields, StructField(_CORRUPT, StringType())])
-        text = F.col("value").cast("string")
         # Tidemark's JVM validator when the session has it (infra.spark registers it), else Spark's.
         fast = spark.catalog.functionExists("tidemark_is_valid_utf8")
         valid_utf8 = F.expr("tidemark_is_valid_utf8(value)" if fast else "is_valid_utf8(value)")
-        parsed = stamped.withColumn("_parsed", F.from_json(
-            text, parse_schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}))
-        error = (F.when(F.col("value").isNull(), F.lit("tombstone: null value"))
-                 .when(~valid_utf8, F.lit("value is not valid UTF-8"))
-                 .when(F.col("_parsed").isNull(), F.lit("value is not a JSON object"))
-                 .when(F.col(f"_parsed.{_CORRUPT}").isNotNull(),
-                       F.lit(f"value does not parse as JSON matching the schema: {pipeline.schema_ddl}")))
-        checked = parsed.withColumn(ERROR_COLUMN, error)
+        first["_value_error"] = value_error.when(~valid_utf8, F.lit("value is not valid UTF-8"))
+        first["_parsed"] = F.from_json(F.col("value").cast("string"), parse_schema,
+                                       {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT})
+        error = F.coalesce(F.col("_value_error"), F.when(F.col("_parsed").isNull(), F.lit("value is not a JSON object"))
+                           .when(F.col(f"_parsed.{_CORRUPT}").isNotNull(),
+                                 F.lit(f"value does not parse as JSON matching the schema: {pipeline.schema_ddl}")))
         payload = [F.col(f"_parsed.`{f.name}`").alias(f.name) for f in schema.fields]
     else:
-        checked = stamped.withColumn(ERROR_COLUMN, F.when(F.col("value").isNull(), F.lit("tombstone: null value")))
+        error = value_error
         payload = [F.col("value")]
+    if pipeline.transactions.atomic:
+        first[HEADERS_COLUMN] = txn_headers(pipeline)
 
     source = pipeline.event_id
     if source == "key":
@@ -95,16 +96,23 @@ def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: Pipelin
         event_id = header(source.removeprefix("header:"))
     else:
         event_id = F.col(f"_parsed.`{source.removeprefix('field:')}`").cast("string")
-    checked = checked.withColumn("_event_id", event_id)
-    if pipeline.dedup is not None:
-        checked = flag_duplicates(spark, pipeline, intent, checked, dedup_table or pipeline.target)
+
+    def check(raw: DataFrame) -> DataFrame:
+        checked = (raw.withColumns({"_batch_id": F.lit(intent.batch_id).cast("bigint"),
+                                    # aware: the instant, whatever the local zone
+                                    "_ingested_at": F.lit(intent.planned_at).cast("timestamp")})
+                   .withColumns(first).withColumns({ERROR_COLUMN: error, "_event_id": event_id}))
+        if pipeline.dedup is not None:
+            checked = flag_duplicates(spark, pipeline, intent, checked, dedup_table or pipeline.target)
+        if pipeline.transactions.atomic:
+            checked = checked.withColumn(TXN_COLUMN, txn_struct())
+        return checked
+
     extra = [F.col("_event_id").alias(EVENT_ID_COLUMN)]
-    check: Column | None = None
+    flag: Column | None = None
     if pipeline.transactions.atomic:
-        # Two projections, so each row's headers are read once and its struct built once.
-        checked = with_txn_headers(checked).withColumn(TXN_COLUMN, txn_struct(pipeline))
         txn = F.col(TXN_COLUMN)
-        check = guard(txn)
+        flag = guard(txn)
         if intent.released:
             txn = F.when(txn.isNotNull(), txn.withField("released", txn["id"].isin(*intent.released)))
         extra.append(txn.alias(TXN_COLUMN))
@@ -125,8 +133,9 @@ def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: Pipelin
         "offset", F.col("timestamp").alias("kafka_timestamp"), "key", "value", "headers",
         F.col(ERROR_COLUMN).alias("error"), F.col("_ingested_at").alias("ingested_at")]
     return BatchFrames(
-        records=checked,
+        read=read_ranges(spark, kafka_options, intent),
+        check=check,
         good=lambda df: df.where(F.col(ERROR_COLUMN).isNull()).select(*good_columns),
         bad=lambda df: df.where(F.col(ERROR_COLUMN).isNotNull()).select(*bad_columns),
-        guard=check,
+        guard=flag,
     )

@@ -215,9 +215,9 @@ def test_the_planning_scan_reads_headers_as_the_table_column_does(spark, kafka_b
         HEADERS_COLUMN,
         guard,
         topic_filter,
+        txn_headers,
         txn_of,
         txn_struct,
-        with_txn_headers,
     )
     from pipelines.transform import read_ranges
 
@@ -254,8 +254,9 @@ def test_the_planning_scan_reads_headers_as_the_table_column_does(spark, kafka_b
                for _, _, offset, _, headers in headed_records({"bootstrap.servers": kafka_bootstrap},
                                                               [(topic, 0, 0, end)])}
     intent = Intent(pipeline.name, 1, "w", now_utc(), (Range(topic, 0, 0, end),))
-    t = txn_struct(pipeline)
-    rows = (with_txn_headers(read_ranges(spark, spark_options(_kafka(kafka_bootstrap), kafka_bootstrap), intent))
+    t = txn_struct()
+    rows = (read_ranges(spark, spark_options(_kafka(kafka_bootstrap), kafka_bootstrap), intent)
+            .withColumn(HEADERS_COLUMN, txn_headers(pipeline))
             .select("offset", t["id"].alias("id"), t["position"].alias("position"),
                     t["expected"].alias("expected"), HEADERS_COLUMN, guard(t).alias("flagged")).collect())
     column = {r.offset: None if r.id is None else (r.id, r.position, r.expected) for r in rows}
