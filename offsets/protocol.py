@@ -21,7 +21,8 @@ ledger; docs/design.md has the table of every crash point between them):
    ``txnVersion=N+1``. An append that ran its job (its ``Observation`` completed) and
    returned has committed; otherwise history tells whether our append or a rival's holds
    ``N+1``: a rival's means another run owns the pipeline (:class:`ConcurrentWriterError`);
-   its batch is never written by us.
+   its batch is never written by us. Meanwhile step 4's pass is built (analysed, not
+   run) on a second thread: it has no side effect, and runs only if the claim is ours.
 4. **Commit.** Append the good rows to the target with ``txnAppId=<pipeline>``,
    ``txnVersion=N+1`` and the offsets as ``userMetadata``, in one pass over Kafka that
    also counts the records read and the rows written (two Spark ``Observation``\ s; the
@@ -59,6 +60,7 @@ import signal
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -109,12 +111,14 @@ class ConcurrentWriterError(TransientError):
 class BatchFrames:
     """What a batch writes, from one read of its ranges.
 
-    ``read`` is every record of the batch as Kafka gives it; ``check`` turns any frame of
-    that shape into :attr:`records`, with :data:`ERROR_COLUMN`; ``good`` and ``bad``
-    project records to target rows and quarantine rows. Keeping the steps apart lets step
-    4 count, in the same pass that writes the good rows, the records read (where they
-    leave Kafka) and the rows written (where they reach Delta): rows that Spark holds
-    anyway, so counting copies none.
+    ``read`` is every record of the batch, once, as Kafka gives it plus what the pipeline
+    computes per record before any decision (the parse); ``check`` turns a frame of that
+    shape into :attr:`records`, with :data:`ERROR_COLUMN`; ``good`` and ``bad`` project
+    records to target rows and quarantine rows. Keeping the steps apart lets step 4 count
+    the records read (observed on ``read``) and the rows written (observed on ``good``) in
+    the pass that writes, on rows Spark holds anyway: counting copies none. The first
+    count also stops Spark from pushing the good/bad filter below the parse, which would
+    repeat the parse inside the filter.
     """
 
     read: DataFrame
@@ -127,6 +131,21 @@ class BatchFrames:
     @property
     def records(self) -> DataFrame:
         return self.check(self.read)
+
+
+@dataclass(frozen=True)
+class _Pass:
+    """Step 4's write of one intent, built before it runs (so it can be built during step 3)."""
+
+    intent: Intent
+    frames: BatchFrames
+    good: DataFrame
+    """The target rows; running its write is the pass."""
+    read: Observation
+    """Counts the records read (``records``)."""
+    kept: Observation
+    """Counts the rows written (``rows``); its completing proves the pass ran."""
+    guarded: bool
 
 
 @dataclass(frozen=True)
@@ -241,8 +260,8 @@ class CommitProtocol:
 
     # -- steps 4 and 5 --------------------------------------------------------------
 
-    def _write(self, intent: Intent, *, replayed: bool) -> BatchResult:
-        """Steps 4 and 5 of ``intent``, or of its revision if its guard trips (the result names which)."""
+    def _prepare(self, intent: Intent) -> _Pass:
+        """Step 4's pass over ``intent``, built but not run (no Spark job, no side effect)."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
@@ -259,21 +278,27 @@ class CommitProtocol:
             records = records.withColumn(ERROR_COLUMN, F.when(guard.isNull(), F.col(ERROR_COLUMN)).otherwise(
                 F.raise_error(F.concat(F.lit(GUARD_TRIPPED), guard))))
         good = frames.good(records).observe(kept, F.count(F.lit(1)).alias("rows"))
+        return _Pass(intent, frames, good, read, kept, guarded=guard is not None)
+
+    def _write(self, intent: Intent, *, replayed: bool, prepared: _Pass | None = None) -> BatchResult:
+        """Steps 4 and 5 of ``intent``, or of its revision if its guard trips (the result names which)."""
+        step = prepared if prepared is not None else self._prepare(intent)
         # Always commit, even with no rows: the commit carries the offsets.
         try:
-            landed = self._append(good, self.target, intent, partition_by=self.partition_by, observation=kept)
+            landed = self._append(step.good, self.target, intent, partition_by=self.partition_by,
+                                  observation=step.kept)
         except Exception as error:  # only the guard's own failure is handled here
-            if guard is None or GUARD_TRIPPED not in str(error):
+            if not step.guarded or GUARD_TRIPPED not in str(error):
                 raise
             return self._write(self._revision(intent, error), replayed=replayed)
         _crash_point("committed")
         # A skipped append runs no job, so its observations would never complete.
         if landed:
-            rows = int(kept.get["rows"])
-            bad: int | None = int(read.get["records"]) - rows
+            rows = int(step.kept.get["rows"])
+            bad: int | None = int(step.read.get["records"]) - rows
         else:
             rows, bad = 0, None
-        quarantined = self._quarantine(intent, frames, bad_count=bad)
+        quarantined = self._quarantine(intent, step.frames, bad_count=bad)
         return BatchResult(intent, replayed, rows, quarantined)
 
     def _revision(self, intent: Intent, error: Exception) -> Intent:
@@ -435,12 +460,17 @@ class CommitProtocol:
 
         token = uuid.uuid4().hex
         seen = Observation(f"tidemark-claim-{self.pipeline}-{intent.batch_id}-{token[:8]}")
-        try:
-            self.ledger.append(intent, write=token, observation=seen)
-            claimed = _completes(seen, OBSERVATION_WAIT_SECONDS) or self._landed(self.ledger.path, intent, token)
-        except _DELTA_CONFLICTS:
-            # A rival committed first; history says who owns the batch.
-            claimed = self._landed(self.ledger.path, intent, token)
+        with ThreadPoolExecutor(1, thread_name_prefix="tidemark-prepare") as pool:
+            # Step 4's pass is analysed on the driver while the claim's Delta commit runs:
+            # building it has no side effect, and it runs only once the claim is ours.
+            prepared = pool.submit(self._prepare, intent)
+            try:
+                self.ledger.append(intent, write=token, observation=seen)
+                claimed = _completes(seen, OBSERVATION_WAIT_SECONDS) or self._landed(self.ledger.path, intent, token)
+            except _DELTA_CONFLICTS:
+                # A rival committed first; history says who owns the batch.
+                claimed = self._landed(self.ledger.path, intent, token)
+            step = prepared.result() if claimed else None
         if not claimed:
             owner = self.ledger.get(intent.batch_id)
             raise ConcurrentWriterError(
@@ -449,7 +479,7 @@ class CommitProtocol:
         _crash_point("claimed")
 
         # Steps 4 and 5. Commit rows and offsets together, then settle the quarantine.
-        result = self._write(intent, replayed=False)
+        result = self._write(intent, replayed=False, prepared=step)
         self._mark_settled(result.intent)
         _crash_point("quarantined")
         return result

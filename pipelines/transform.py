@@ -64,9 +64,10 @@ def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: Pipelin
     from pyspark.sql.types import StringType, StructField, StructType
 
     # What Spark cannot compile to generated code (`from_json`, the higher-order functions
-    # of the header count) goes in one projection, `first`, as in the peer's Kafka→Delta
-    # job; everything after it compiles into one stage with the write. Spread over several
-    # projections, each of them ran interpreted and copied every row once more.
+    # of the header count) is computed in one projection over the Kafka rows, as in the
+    # peer's Kafka→Delta job: the frames' `read`. Everything after it (`check`, `good`)
+    # compiles into one stage with the write. Spread over several projections, each of
+    # them ran interpreted and copied every row once more.
     first: dict[str, Column] = {}
     value_error = F.when(F.col("value").isNull(), F.lit("tombstone: null value"))
     if pipeline.format == "json":
@@ -97,11 +98,11 @@ def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: Pipelin
     else:
         event_id = F.col(f"_parsed.`{source.removeprefix('field:')}`").cast("string")
 
-    def check(raw: DataFrame) -> DataFrame:
-        checked = (raw.withColumns({"_batch_id": F.lit(intent.batch_id).cast("bigint"),
-                                    # aware: the instant, whatever the local zone
-                                    "_ingested_at": F.lit(intent.planned_at).cast("timestamp")})
-                   .withColumns(first).withColumns({ERROR_COLUMN: error, "_event_id": event_id}))
+    def check(read: DataFrame) -> DataFrame:
+        checked = read.withColumns({
+            "_batch_id": F.lit(intent.batch_id).cast("bigint"),
+            "_ingested_at": F.lit(intent.planned_at).cast("timestamp"),  # aware: the instant, whatever the local zone
+            ERROR_COLUMN: error, "_event_id": event_id})
         if pipeline.dedup is not None:
             checked = flag_duplicates(spark, pipeline, intent, checked, dedup_table or pipeline.target)
         if pipeline.transactions.atomic:
@@ -132,8 +133,9 @@ def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: Pipelin
         F.lit(pipeline.name).alias("pipeline"), F.col("_batch_id").alias("batch_id"), "topic", "partition",
         "offset", F.col("timestamp").alias("kafka_timestamp"), "key", "value", "headers",
         F.col(ERROR_COLUMN).alias("error"), F.col("_ingested_at").alias("ingested_at")]
+    read = read_ranges(spark, kafka_options, intent)
     return BatchFrames(
-        read=read_ranges(spark, kafka_options, intent),
+        read=read.withColumns(first) if first else read,
         check=check,
         good=lambda df: df.where(F.col(ERROR_COLUMN).isNull()).select(*good_columns),
         bad=lambda df: df.where(F.col(ERROR_COLUMN).isNotNull()).select(*bad_columns),
