@@ -24,14 +24,13 @@ from offsets.tables import delta_table_exists
 from tidemark.errors import TerminalError
 
 if TYPE_CHECKING:
-    from pyspark.sql import Observation, SparkSession
+    from pyspark.sql import DataFrame, Observation, SparkSession
 
 TP = tuple[str, int]
 
+_RANGES_TYPE = "ARRAY<STRUCT<topic: STRING, partition: INT, start_offset: BIGINT, end_offset: BIGINT>>"
 LEDGER_SCHEMA = (
-    "pipeline STRING, batch_id BIGINT, writer STRING, planned_at TIMESTAMP, "
-    "ranges ARRAY<STRUCT<topic: STRING, partition: INT, start_offset: BIGINT, end_offset: BIGINT>>, "
-    "decisions STRING"
+    f"pipeline STRING, batch_id BIGINT, writer STRING, planned_at TIMESTAMP, ranges {_RANGES_TYPE}, decisions STRING"
 )
 
 
@@ -211,6 +210,24 @@ class Ledger:
                 by_batch[intent.batch_id] = intent
         return [by_batch[b] for b in sorted(by_batch)]
 
+    def _frame(self, intent: Intent) -> DataFrame:
+        """``intent`` as one ledger row, built from literals.
+
+        Not ``createDataFrame``: its rows are pickled in Python and unpickled by a Spark
+        task, which made a claim ~0.3 s slower (0.77 vs 0.46 s per append, side by side).
+        """
+        from pyspark.sql import functions as F
+
+        ranges = json.dumps([{"topic": r.topic, "partition": r.partition, "start_offset": r.start,
+                              "end_offset": r.end} for r in intent.ranges])
+        return self.spark.range(0, 1, 1, 1).select(
+            F.lit(intent.pipeline).alias("pipeline"), F.lit(intent.batch_id).cast("bigint").alias("batch_id"),
+            F.lit(intent.writer).alias("writer"),
+            # An aware datetime is the instant; a naive one would be read as local time.
+            F.lit(intent.planned_at).cast("timestamp").alias("planned_at"),
+            F.from_json(F.lit(ranges), _RANGES_TYPE).alias("ranges"),
+            F.lit(intent.decisions_json()).alias("decisions"))
+
     def append(self, intent: Intent, *, write: str | None = None, revision: bool = False,
                observation: Observation | None = None) -> None:
         """Append ``intent``; Delta skips it if this pipeline already claimed (or revised) that batch id.
@@ -223,7 +240,7 @@ class Ledger:
 
         if revision and intent.guarded:
             raise ValueError("a revision is a scanned plan; it cannot be guarded again")
-        df = self.spark.createDataFrame([intent.row()], LEDGER_SCHEMA)
+        df = self._frame(intent)
         if observation is not None:
             df = df.observe(observation, F.count(F.lit(1)).alias("rows"))
         app_id = f"{self.pipeline}#revision" if revision else self.pipeline
