@@ -83,6 +83,10 @@ def run_tidemark(spark: Any, bootstrap: str, topic: str, target: Path) -> tuple[
     return report.rows, len(report.batches)
 
 
+#: Give the peer Tidemark's bulk-read Kafka settings too (``--peer-read-tuning``).
+PEER_READ_TUNING = False
+
+
 def run_structured_streaming(spark: Any, bootstrap: str, topic: str, target: Path) -> tuple[int, int]:
     """(rows, micro-batches) written by readStream kafka → writeStream delta, AvailableNow."""
     from pyspark.sql import functions as F
@@ -91,6 +95,10 @@ def run_structured_streaming(spark: Any, bootstrap: str, topic: str, target: Pat
     from tidemark.config import KafkaConnection
 
     options = spark_options(KafkaConnection(bootstrap_servers=bootstrap), bootstrap)
+    if PEER_READ_TUNING:
+        from pipelines.transform import BULK_READ_OPTIONS
+
+        options = {**BULK_READ_OPTIONS, **options}
     raw = (spark.readStream.format("kafka").options(**options).option("subscribe", topic)
            .option("startingOffsets", "earliest").option("failOnDataLoss", "true").load())
     parsed = raw.withColumn("_parsed", F.from_json(F.col("value").cast("string"), SCHEMA))
@@ -128,8 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--g3", choices=("on", "off"), default="on",
                         help="Tidemark's transactions.atomic (off: no planning scan; these records have no "
                              "multi-event source transactions, so G3 holds either way)")
+    parser.add_argument("--peer-read-tuning", action="store_true",
+                        help="give Structured Streaming Tidemark's Kafka fetch settings "
+                             "(pipelines.transform.BULK_READ_OPTIONS) as well")
     parser.add_argument("--output", help="also write the markdown report to this file")
     args = parser.parse_args(argv)
+    global PEER_READ_TUNING
+    PEER_READ_TUNING = args.peer_read_tuning
     if args.tidemark_cap:
         TIDEMARK_OPTIONS["max_records_per_batch"] = args.tidemark_cap
     if args.g3 == "off":
@@ -192,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         (f"Data: {args.records:,} JSON records of ~{args.value_bytes} B ({value_bytes / 1e6:.0f} MB) in "
         f"{PARTITIONS} partitions, transactions of {args.txn_size}; both parse with `from_json` into "
         f"`{SCHEMA}` plus lineage columns; each run into a fresh table, verified exactly-once. "
-        f"Tidemark pipeline options: {TIDEMARK_OPTIONS or 'defaults'}."),
+        f"Tidemark pipeline options: {TIDEMARK_OPTIONS or 'defaults'}; peer Kafka fetch settings: "
+        f"{'Tidemark' + chr(39) + 's' if PEER_READ_TUNING else 'Spark' + chr(39) + 's defaults'}."),
         "",
         "| contender | median s | records/s | batches | all runs (s) |",
         "|---|---:|---:|---:|---|",
