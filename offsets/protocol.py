@@ -137,7 +137,6 @@ class BatchFrames:
 class _Pass:
     """Step 4's write of one intent, built before it runs (so it can be built during step 3)."""
 
-    intent: Intent
     frames: BatchFrames
     good: DataFrame
     """The target rows; running its write is the pass."""
@@ -278,7 +277,7 @@ class CommitProtocol:
             records = records.withColumn(ERROR_COLUMN, F.when(guard.isNull(), F.col(ERROR_COLUMN)).otherwise(
                 F.raise_error(F.concat(F.lit(GUARD_TRIPPED), guard))))
         good = frames.good(records).observe(kept, F.count(F.lit(1)).alias("rows"))
-        return _Pass(intent, frames, good, read, kept, guarded=guard is not None)
+        return _Pass(frames, good, read, kept, guarded=guard is not None)
 
     def _write(self, intent: Intent, *, replayed: bool, prepared: _Pass | None = None) -> BatchResult:
         """Steps 4 and 5 of ``intent``, or of its revision if its guard trips (the result names which)."""
