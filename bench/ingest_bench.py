@@ -83,8 +83,8 @@ def run_tidemark(spark: Any, bootstrap: str, topic: str, target: Path) -> tuple[
     return report.rows, len(report.batches)
 
 
-#: Give the peer Tidemark's bulk-read Kafka settings too (``--peer-read-tuning``).
-PEER_READ_TUNING = False
+#: Extra Kafka options for the peer's read (``--peer-read-tuning``: Tidemark's fetch settings); empty: Spark's.
+PEER_KAFKA_OPTIONS: dict[str, str] = {}
 
 
 def run_structured_streaming(spark: Any, bootstrap: str, topic: str, target: Path) -> tuple[int, int]:
@@ -94,11 +94,7 @@ def run_structured_streaming(spark: Any, bootstrap: str, topic: str, target: Pat
     from connectors.kafka_config import spark_options
     from tidemark.config import KafkaConnection
 
-    options = spark_options(KafkaConnection(bootstrap_servers=bootstrap), bootstrap)
-    if PEER_READ_TUNING:
-        from pipelines.transform import BULK_READ_OPTIONS
-
-        options = {**BULK_READ_OPTIONS, **options}
+    options = {**PEER_KAFKA_OPTIONS, **spark_options(KafkaConnection(bootstrap_servers=bootstrap), bootstrap)}
     raw = (spark.readStream.format("kafka").options(**options).option("subscribe", topic)
            .option("startingOffsets", "earliest").option("failOnDataLoss", "true").load())
     parsed = raw.withColumn("_parsed", F.from_json(F.col("value").cast("string"), SCHEMA))
@@ -141,8 +137,10 @@ def main(argv: list[str] | None = None) -> int:
                              "(pipelines.transform.BULK_READ_OPTIONS) as well")
     parser.add_argument("--output", help="also write the markdown report to this file")
     args = parser.parse_args(argv)
-    global PEER_READ_TUNING
-    PEER_READ_TUNING = args.peer_read_tuning
+    if args.peer_read_tuning:
+        from pipelines.transform import BULK_READ_OPTIONS
+
+        PEER_KAFKA_OPTIONS.update(BULK_READ_OPTIONS)
     if args.tidemark_cap:
         TIDEMARK_OPTIONS["max_records_per_batch"] = args.tidemark_cap
     if args.g3 == "off":
@@ -205,8 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         (f"Data: {args.records:,} JSON records of ~{args.value_bytes} B ({value_bytes / 1e6:.0f} MB) in "
         f"{PARTITIONS} partitions, transactions of {args.txn_size}; both parse with `from_json` into "
         f"`{SCHEMA}` plus lineage columns; each run into a fresh table, verified exactly-once. "
-        f"Tidemark pipeline options: {TIDEMARK_OPTIONS or 'defaults'}; peer Kafka fetch settings: "
-        f"{'Tidemark' + chr(39) + 's' if PEER_READ_TUNING else 'Spark' + chr(39) + 's defaults'}."),
+        f"Tidemark pipeline options: {TIDEMARK_OPTIONS or 'defaults'}; peer's extra Kafka options: "
+        f"{PEER_KAFKA_OPTIONS or 'none'}."),
         "",
         "| contender | median s | records/s | batches | all runs (s) |",
         "|---|---:|---:|---:|---|",
