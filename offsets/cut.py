@@ -2,9 +2,9 @@
 
 The planner proposes ``[start, end)`` per partition. A source transaction (the events one
 database transaction wrote, stamped by the relay) may have events in several partitions
-and topics, and the proposed ends may fall between them: an LSO that has passed the
-commit marker in one partition but not yet in another, a record cap, or a transaction
-that will never be whole (events lost to retention, never produced). So:
+and topics, and the proposed ends may fall between them: a record cap, an LSO that has
+passed the commit marker in one partition but not yet in another, or a transaction that
+will never be whole (events lost to retention, never produced, on a topic not read). So:
 
 1. A transaction is *whole* when the proposed ranges hold every event it declares for
    this pipeline's topics and all of them lie before the ends.
@@ -14,19 +14,26 @@ that will never be whole (events lost to retention, never produced). So:
    moves. Ends only decrease, so this stops; the result is the largest cut in which
    every transaction with an event inside is whole.
 
-Exception: a transaction incomplete for longer than its timeout is *released*: taken as
-it is (flagged in its rows) instead of holding its partitions back forever. Whether to
-release is decided here, at planning, and the decision is stored with the batch's intent,
-so a replay writes the same rows without asking the clock again.
+A transaction the proposal holds only part of is *incomplete here*, which says nothing
+about Kafka: the rest may simply lie past a capped end. So before anything is released,
+the events it misses are searched for past the proposal, up to each partition's LSO, in
+the partitions of the topics still owing it events (:func:`search_regions`). Found: it
+is whole in Kafka and merely waits for a later batch. Not found below the LSO: it is
+*missing at the readable frontier*, and only from the first batch that saw that does its
+wait count (:class:`Wait`, carried from intent to intent in the ledger, so a restart
+neither resets nor shortens it). Past ``incomplete_timeout_seconds`` of such waiting it
+is *released*: taken as it is, flagged in its rows, instead of holding its partitions
+back forever. The decision is stored with the batch's intent, so a replay writes the same
+rows without asking the clock again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from offsets.ledger import TP, Range
+from offsets.ledger import TP, Range, Wait
 
 
 @dataclass(frozen=True)
@@ -38,14 +45,25 @@ class TxnSpan:
     """Distinct events of the transaction in the proposed ranges."""
     expected: int
     """Events it declares for this pipeline's topics."""
-    first_timestamp: datetime
-    """Kafka timestamp of its earliest event seen (aware)."""
     offsets: Mapping[TP, tuple[int, int]]
     """Per partition: (first, last) offset of its events there."""
+    declared: Mapping[str, int] | None = None
+    """Events it declares per topic this pipeline reads; None when the per-topic count is
+    unreadable (``expected`` is then its size, and any of the pipeline's topics may owe it)."""
+    seen_by_topic: Mapping[str, int] = field(default_factory=dict)
+    """Distinct events seen per topic."""
+    positions: frozenset[int] = frozenset()
+    """Positions of the events seen; filled for incomplete transactions only (the search needs them)."""
 
     @property
     def complete(self) -> bool:
         return self.seen >= self.expected
+
+    def owing_topics(self) -> frozenset[str] | None:
+        """Topics that still owe it events; None: any of the pipeline's topics may."""
+        if self.declared is None:
+            return None
+        return frozenset(t for t, n in self.declared.items() if self.seen_by_topic.get(t, 0) < n)
 
 
 @dataclass(frozen=True)
@@ -57,9 +75,74 @@ class Cut:
     """Transactions left for a later batch (incomplete, or split by the cut)."""
 
 
-def overdue(spans: Iterable[TxnSpan], now: datetime, timeout: timedelta) -> list[TxnSpan]:
-    """Incomplete transactions whose first event is older than ``timeout``."""
-    return [s for s in spans if not s.complete and now - s.first_timestamp > timeout]
+def search_regions(incomplete: Iterable[TxnSpan], ends: Mapping[TP, int], lso: Mapping[TP, int],
+                   waits: Mapping[str, Wait]) -> dict[str, dict[TP, tuple[int, int]]]:
+    """Per incomplete transaction, the ``[from, LSO)`` of each partition that may hold its missing events.
+
+    The partitions of the topics still owing it events, from the proposal's end; for a
+    transaction already waiting, from where the last search stopped (what lies before
+    was searched, and what it found is in its :class:`Wait`). A region that would be
+    empty (already at the LSO) is left out.
+    """
+    out: dict[str, dict[TP, tuple[int, int]]] = {}
+    for span in incomplete:
+        owing = span.owing_topics()
+        wait = waits.get(span.txn)
+        regions: dict[TP, tuple[int, int]] = {}
+        for tp, end in lso.items():
+            if owing is not None and tp[0] not in owing:
+                continue
+            start = ends.get(tp, end)
+            if wait is not None and tp in wait.searched:
+                start = max(start, wait.searched[tp])
+            if start < end:
+                regions[tp] = (start, end)
+        out[span.txn] = regions
+    return out
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the search beyond the proposal decided for a batch's incomplete transactions."""
+
+    whole_in_kafka: tuple[str, ...]
+    """Every event is below the LSO; they wait (held) only for a batch that reaches them."""
+    waits: dict[str, Wait]
+    """Transactions missing events at the readable frontier, and those not seen in this batch."""
+    overdue: tuple[TxnSpan, ...]
+    """Missing for at least the timeout: the policy decides (release or stop)."""
+
+
+def judge(spans: Iterable[TxnSpan], found: Mapping[str, frozenset[int]], lso: Mapping[TP, int],
+          waits: Mapping[str, Wait], planned_at: datetime, timeout: timedelta) -> Verdict:
+    """Classify a batch's transactions after the search (``found``: positions met past the proposal).
+
+    ``waits`` is the previous batch's; the result's replaces it. A transaction waiting
+    before but absent from this batch's proposal keeps its wait (the cut keeps each
+    held transaction's partitions at or before its first event, so it comes back).
+    """
+    all_spans = list(spans)
+    whole: list[str] = []
+    new_waits: dict[str, Wait] = {}
+    overdue: list[TxnSpan] = []
+    for span in all_spans:
+        if span.complete:
+            continue
+        before = waits.get(span.txn)
+        have = span.positions | found.get(span.txn, frozenset()) | (before.found if before else frozenset())
+        if len(have) >= span.expected:
+            whole.append(span.txn)
+            continue
+        owing = span.owing_topics()
+        wait = Wait(since=before.since if before else planned_at,
+                    searched={tp: end for tp, end in lso.items() if owing is None or tp[0] in owing},
+                    found=frozenset(have))
+        new_waits[span.txn] = wait
+        if planned_at - wait.since >= timeout:
+            overdue.append(span)
+    seen = {s.txn for s in all_spans}
+    new_waits |= {txn: wait for txn, wait in waits.items() if txn not in seen}
+    return Verdict(tuple(sorted(whole)), new_waits, tuple(overdue))
 
 
 def cut_ranges(ranges: Iterable[Range], spans: Iterable[TxnSpan], released: Iterable[str] = ()) -> Cut:

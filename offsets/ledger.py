@@ -3,8 +3,10 @@
 A row says exactly what batch ``N`` of a pipeline is: the offset range ``[start, end)``
 of every partition (already cut at source-transaction boundaries, G3), the time stamped
 into its rows, and the other decisions a replay must repeat rather than re-make: which
-incomplete transactions were released, and which table version dedup looked ids up in. Rows are append-only, so any past
-batch can be re-read bit for bit (backfill, G6), and each append carries
+incomplete transactions were released, and which table version dedup looked ids up in.
+It also carries what the next plan needs: since when each source transaction with
+events missing at the readable frontier has been waiting. Rows are append-only, so any
+past batch can be re-read bit for bit (backfill, G6), and each append carries
 ``txnAppId=<pipeline>``/``txnVersion=N``, so two writers cannot both claim ``N``.
 
 A *guarded* intent (G3 checked by its write instead of a planning scan) whose check
@@ -16,7 +18,8 @@ ledger is read; both stay in the table as the record of what happened.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -55,6 +58,31 @@ class Range:
 
 
 @dataclass(frozen=True)
+class Wait:
+    """A source transaction missing events at the readable frontier, as the ledger carries it (G3)."""
+
+    since: datetime
+    """``planned_at`` of the first batch that found events of it missing below every LSO: its wait
+    counts from here (not from the events' age), and restarts neither reset nor shorten it."""
+    searched: Mapping[TP, int]
+    """Per partition that may hold the missing events: searched up to here (the LSO then)."""
+    found: frozenset[int] = frozenset()
+    """Positions of its events known to be readable."""
+
+    def to_dict(self) -> dict[str, object]:
+        return {"since": self.since.isoformat(), "found": sorted(self.found),
+                "searched": {f"{t}:{p}": o for (t, p), o in sorted(self.searched.items())}}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> Wait:
+        searched = data.get("searched") or {}
+        assert isinstance(searched, dict)
+        return cls(since=datetime.fromisoformat(str(data["since"])).astimezone(UTC),
+                   searched={(k.rsplit(":", 1)[0], int(k.rsplit(":", 1)[1])): int(v) for k, v in searched.items()},
+                   found=frozenset(int(p) for p in data.get("found") or ()))  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
 class Intent:
     pipeline: str
     batch_id: int
@@ -72,6 +100,8 @@ class Intent:
     source transaction, and aborts before its commit if one does (offsets.protocol, step 4)."""
     txns: int | None = None
     """Multi-event source transactions the planning scan saw in the proposed ranges (None: no scan)."""
+    waiting: Mapping[str, Wait] = field(default_factory=dict)
+    """Source transactions missing events at the readable frontier, and since when (G3's timeout)."""
 
     def ends(self) -> dict[TP, int]:
         return {r.tp: r.end for r in self.ranges}
@@ -96,8 +126,17 @@ class Intent:
                 [(r.topic, r.partition, r.start, r.end) for r in self.ranges], self.decisions_json())
 
     def decisions_json(self) -> str:
-        return json.dumps({"released": list(self.released), "held": self.held, "dedup_version": self.dedup_version,
-                           "guarded": self.guarded, "txns": self.txns}, separators=(",", ":"), sort_keys=True)
+        decisions: dict[str, object] = {"released": list(self.released), "held": self.held,
+                                        "dedup_version": self.dedup_version, "guarded": self.guarded,
+                                        "txns": self.txns}
+        if self.waiting:
+            decisions["waiting"] = {txn: w.to_dict() for txn, w in sorted(self.waiting.items())}
+        return json.dumps(decisions, separators=(",", ":"), sort_keys=True)
+
+    def starts_waiting(self, last: Intent | None) -> bool:
+        """Does this intent start the wait of a transaction ``last`` did not carry? (Then even an
+        empty batch is claimed, or the next run would start that wait again.)"""
+        return bool(set(self.waiting) - set(last.waiting if last else ()))
 
 
 def commit_metadata(user_metadata: str | None, pipeline: str) -> dict[str, object] | None:
@@ -203,6 +242,7 @@ class Ledger:
                 released=tuple(decisions.get("released", ())), held=int(decisions.get("held", 0)),
                 dedup_version=decisions.get("dedup_version"), guarded=bool(decisions.get("guarded", False)),
                 txns=decisions.get("txns"),
+                waiting={txn: Wait.from_dict(w) for txn, w in (decisions.get("waiting") or {}).items()},
             )
             # A batch has one claim row and at most one revision, which is never guarded.
             known = by_batch.get(intent.batch_id)

@@ -14,7 +14,9 @@ ledger; docs/design.md has the table of every crash point between them):
    pipeline's ``decide`` fixes what a replay must repeat, not re-make: the cut at
    source-transaction boundaries (G3, :mod:`offsets.cut`), the incomplete transactions
    released past their timeout, the table version dedup reads. A cut that leaves
-   nothing grows the cap fourfold until a transaction fits whole. Nothing to read: stop.
+   nothing grows the cap fourfold until a transaction fits whole. Nothing to read: stop
+   (unless the plan starts a source transaction's wait, which the ledger must carry:
+   then the empty batch is claimed and committed like any other).
    Instead of a cut, ``decide`` may mark the intent *guarded*: written uncut, with step
    4 checking every record (below).
 3. **Claim.** Append intent ``N+1`` to the ledger with ``txnAppId=<pipeline>``,
@@ -160,9 +162,10 @@ class BatchResult:
 #: Builds a batch's frames from its intent; must be deterministic in the intent.
 FrameBuilder = Callable[[Intent], BatchFrames]
 
-#: Step 2's second half: a planned intent, and the batch before it, to the intent with the
-#: pipeline's decisions made (may shrink its ranges, or mark it guarded).
-Decide = Callable[[Intent, "Intent | None"], Intent]
+#: Step 2's second half: a planned intent, the batch before it and the partitions' bounds
+#: (LSOs) it was planned to, to the intent with the pipeline's decisions made (may shrink
+#: its ranges, or mark it guarded).
+Decide = Callable[[Intent, "Intent | None", Mapping[TP, PartitionBounds]], Intent]
 
 #: Step 4's revision of a guarded intent whose check failed: the same batch, decided without the guard.
 Revise = Callable[[Intent], Intent]
@@ -408,7 +411,7 @@ class CommitProtocol:
             readable = {tp: (previous.get(tp, starts.get(tp, b.stable_end)), b.stable_end) for tp, b in bounds.items()}
             weights = sizes({tp: r for tp, r in readable.items() if r[0] >= bounds[tp].log_start})
         intent = self._plan(next_id, last, bounds, starts, max_offsets, max_bytes, weights)
-        if intent.is_empty and set(bounds) <= set(previous):
+        if intent.is_empty and set(bounds) <= set(previous) and not intent.starts_waiting(last):
             return replay, None
         _crash_point("planned")
 
@@ -432,7 +435,7 @@ class CommitProtocol:
             intent = Intent(self.pipeline, batch_id, self.writer_id, planned_at, ranges)
             if self.decide is None or intent.is_empty:
                 return intent
-            decided = self.decide(intent, last)
+            decided = self.decide(intent, last, bounds)
             readable = sum(b.stable_end - (previous[tp] if tp in previous else starts[tp])
                            for tp, b in bounds.items())
             if not decided.is_empty or cap >= readable and byte_cap is None:

@@ -66,15 +66,15 @@ class IngestJob:
                                                dedup_table=self.dedup_table),
         )
 
-    def _decide(self, intent: Intent, last: Intent | None) -> Intent:
+    def _decide(self, intent: Intent, last: Intent | None, bounds: Mapping[TP, PartitionBounds]) -> Intent:
         """Step 2's decisions (see offsets.protocol): G3 by a cut or a guard, then dedup's table version."""
         from dataclasses import replace
 
         if self.pipeline.transactions.atomic:
             if self._guess_no_multi_event(intent, last):
-                intent = replace(intent, guarded=True)
+                intent = replace(intent, guarded=True, waiting=last.waiting if last else {})
             else:
-                intent = transactions.cut(self.client_config, self.pipeline, intent)
+                intent = transactions.cut(self.client_config, self.pipeline, intent, bounds, last)
         self.held = intent.held
         if self.pipeline.dedup is not None:
             intent = replace(intent, dedup_version=table_version(self.spark, self.dedup_table))
@@ -89,7 +89,7 @@ class IngestJob:
         A wrong guess costs the start of an aborted write and one ledger append, after which
         batches are scanned until one finds none again.
         """
-        if self.pipeline.transactions.scan == "always":
+        if self.pipeline.transactions.scan == "always" or (last is not None and last.waiting):
             return False
         if last is not None and last.guarded:
             return True
@@ -99,7 +99,8 @@ class IngestJob:
 
     def _revise(self, intent: Intent) -> Intent:
         """A guarded batch whose write met a multi-event transaction: the scan and cut, other decisions kept."""
-        revised = transactions.cut(self.client_config, self.pipeline, intent)
+        last = self.protocol.ledger.get(intent.batch_id - 1) if intent.batch_id > 1 else None
+        revised = transactions.cut(self.client_config, self.pipeline, intent, self.snapshot(), last)
         self.held = revised.held
         return revised
 
@@ -140,8 +141,8 @@ class IngestJob:
                 report.batches.append(replay)
             if result is None:
                 if self.held:
-                    log.info("caught up, except %d source transaction(s) still incomplete (waiting, "
-                             "up to transactions.incomplete_timeout_seconds)", self.held)
+                    log.info("caught up, except %d source transaction(s) not yet whole (events below the LSO "
+                             "missing: released after transactions.incomplete_timeout_seconds)", self.held)
                 break
             log.info("batch %d committed: %d rows, %d quarantined",
                      result.intent.batch_id, result.rows, result.quarantined)

@@ -16,11 +16,13 @@ import json
 import logging
 import re
 from collections.abc import Callable, Generator, Mapping
-from datetime import UTC, timedelta
+from dataclasses import replace
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from offsets.cut import TxnSpan, cut_ranges, overdue
-from offsets.ledger import Intent
+from connectors.admin import PartitionBounds
+from offsets.cut import TxnSpan, cut_ranges, judge, search_regions
+from offsets.ledger import TP, Intent, Wait
 from outbox import headers as H
 from tidemark.config import PipelineConfig
 from tidemark.errors import TerminalError
@@ -144,11 +146,16 @@ def topic_filter(pipeline: PipelineConfig) -> Callable[[str], bool]:
     return topics.__contains__
 
 
+#: What the events of one transaction share: (id, expected here, per-topic counts here or None).
+Shared = tuple[str, int, Mapping[str, int] | None]
+
+
 def txn_of(headers: list[tuple[str, bytes | None]], mine: Callable[[str], bool],
-           memo: dict[tuple[bytes | None, ...], tuple[str, int] | None] | None = None) -> tuple[str, int, int] | None:
+           memo: dict[tuple[bytes | None, ...], Shared | None] | None = None) -> tuple[str, int, int] | None:
     """(id, position, expected) of a record's source transaction, as :func:`txn_struct` gives them, or None.
 
-    ``memo`` caches what the events of one transaction share (all but the position).
+    ``memo`` caches what the events of one transaction share (all but the position),
+    including its per-topic counts for this pipeline's topics (see :func:`declared`).
     """
     first = dict(reversed(headers))  # the first value of each header, like header()
     shared_key = (first.get(H.TXID), first.get(H.LSN), first.get(H.SIZE), first.get(H.TOPIC_COUNTS))
@@ -164,14 +171,20 @@ def txn_of(headers: list[tuple[str, bytes | None]], mine: Callable[[str], bool],
     return shared[0], position, shared[1]
 
 
+def declared(memo: Mapping[tuple[bytes | None, ...], Shared | None]) -> dict[str, Mapping[str, int] | None]:
+    """Per transaction id met by :func:`txn_of`, the events it declares per topic of this pipeline."""
+    return {shared[0]: shared[2] for shared in memo.values() if shared is not None}
+
+
 def _shared(txid: bytes | None, lsn: bytes | None, size_raw: bytes | None, counts_raw: bytes | None,
-            mine: Callable[[str], bool]) -> tuple[str, int] | None:
+            mine: Callable[[str], bool]) -> Shared | None:
     size = _int(size_raw)
     if txid is None or lsn is None or size is None or size <= 0:
         return None
     counts = _counts(counts_raw)
-    expected = size if counts is None else sum(n for topic, n in counts.items() if mine(topic))
-    return f"{lsn.decode('utf-8', 'replace')}/{txid.decode('utf-8', 'replace')}", expected
+    here = None if counts is None else {topic: n for topic, n in counts.items() if mine(topic)}
+    expected = size if here is None else sum(here.values())
+    return f"{lsn.decode('utf-8', 'replace')}/{txid.decode('utf-8', 'replace')}", expected, here
 
 
 def scan(client_config: Mapping[str, str], pipeline: PipelineConfig, intent: Intent) -> list[TxnSpan]:
@@ -184,8 +197,7 @@ def scan(client_config: Mapping[str, str], pipeline: PipelineConfig, intent: Int
     import pyarrow as pa
 
     schema = pa.schema([("id", pa.string()), ("topic", pa.string()), ("partition", pa.int32()),
-                        ("offset", pa.int64()), ("timestamp", pa.timestamp("ms", tz="UTC")),
-                        ("position", pa.int32()), ("expected", pa.int32())])
+                        ("offset", pa.int64()), ("position", pa.int32()), ("expected", pa.int32())])
     rows: list[tuple[Any, ...]] = []
     chunks: list[pa.RecordBatch] = []
 
@@ -196,49 +208,112 @@ def scan(client_config: Mapping[str, str], pipeline: PipelineConfig, intent: Int
         rows.clear()
 
     ranges = [(r.topic, r.partition, r.start, r.end) for r in intent.ranges]
-    for row in _multi_event(client_config, pipeline, ranges):
+    memo: dict[tuple[bytes | None, ...], Shared | None] = {}
+    for row in _multi_event(client_config, pipeline, ranges, memo=memo):
         rows.append(row)
         if len(rows) >= 100_000:
             chunk()
     chunk()
-    return spans(pa.Table.from_batches(chunks, schema=schema))
+    return spans(pa.Table.from_batches(chunks, schema=schema), declared(memo))
 
 
 def _multi_event(client_config: Mapping[str, str], pipeline: PipelineConfig, ranges: list[tuple[str, int, int, int]],
-                 *, small: bool = False) -> Generator[tuple[str, str, int, int, int, int, int], None, None]:
-    """(id, topic, partition, offset, timestamp ms, position, expected) of each event of a
-    multi-event transaction in ``ranges``: the records :func:`scan` keeps and :func:`guard` flags."""
+                 *, small: bool = False, memo: dict[tuple[bytes | None, ...], Shared | None] | None = None,
+                 ) -> Generator[tuple[str, str, int, int, int, int], None, None]:
+    """(id, topic, partition, offset, position, expected) of each event of a multi-event
+    transaction in ``ranges``: the records :func:`scan` keeps and :func:`guard` flags."""
     from connectors.range_reader import headed_records
 
     mine = topic_filter(pipeline)
-    memo: dict[tuple[bytes | None, ...], tuple[str, int] | None] = {}
-    for topic, partition, offset, timestamp, headers in headed_records(client_config, ranges, small=small):
+    memo = {} if memo is None else memo
+    for topic, partition, offset, _, headers in headed_records(client_config, ranges, small=small):
         txn = txn_of(headers, mine, memo)
         if txn is not None and txn[2] > 1:
-            yield txn[0], topic, partition, offset, timestamp, txn[1], txn[2]
+            yield txn[0], topic, partition, offset, txn[1], txn[2]
 
 
-def spans(events: pa.Table) -> list[TxnSpan]:
-    """One :class:`TxnSpan` per ``id`` of ``events`` (id, topic, partition, offset, timestamp, position, expected)."""
+def spans(events: pa.Table, declared: Mapping[str, Mapping[str, int] | None] | None = None) -> list[TxnSpan]:
+    """One :class:`TxnSpan` per ``id`` of ``events`` (id, topic, partition, offset, position, expected).
+
+    ``declared``: per id, the events it declares per topic of the pipeline (None: unknown).
+    """
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     if events.num_rows == 0:
         return []
-    events = events.set_column(events.schema.get_field_index("timestamp"), "timestamp",
-                               events["timestamp"].cast(pa.timestamp("us", tz="UTC")))
+    declared = declared or {}
     ranges = events.group_by(["id", "topic", "partition"]).aggregate([("offset", "min"), ("offset", "max")])
     offsets: dict[str, dict[tuple[str, int], tuple[int, int]]] = {}
     for txn, topic, partition, first, last in zip(*(ranges[c].to_pylist() for c in (
             "id", "topic", "partition", "offset_min", "offset_max")), strict=True):
         offsets.setdefault(txn, {})[(topic, int(partition))] = (int(first), int(last))
-    per_txn = events.group_by("id").aggregate(
-        [("position", "count_distinct"), ("expected", "max"), ("timestamp", "min")])
+    by_topic: dict[str, dict[str, int]] = {}
+    per_topic = events.group_by(["id", "topic"]).aggregate([("position", "count_distinct")])
+    for txn, topic, n in zip(*(per_topic[c].to_pylist() for c in ("id", "topic", "position_count_distinct")),
+                             strict=True):
+        by_topic.setdefault(txn, {})[topic] = int(n)
+    per_txn = events.group_by("id").aggregate([("position", "count_distinct"), ("expected", "max")])
+    ids, seen, expected = (per_txn[c].to_pylist() for c in ("id", "position_count_distinct", "expected_max"))
+    # The positions of incomplete transactions only: the search past the proposal adds to them.
+    short = [txn for txn, s, e in zip(ids, seen, expected, strict=True) if s < e]
+    positions: dict[str, frozenset[int]] = {}
+    if short:
+        mine = events.filter(pc.is_in(events["id"], value_set=pa.array(short, pa.string())))
+        for txn, at in zip(*(mine.group_by("id").aggregate([("position", "distinct")])[c].to_pylist()
+                             for c in ("id", "position_distinct")), strict=True):
+            positions[txn] = frozenset(int(p) for p in at)
     return [
-        TxnSpan(txn=txn, seen=int(seen), expected=int(expected), first_timestamp=first_ts.astimezone(UTC),
-                offsets=offsets[txn])
-        for txn, seen, expected, first_ts in zip(*(per_txn[c].to_pylist() for c in (
-            "id", "position_count_distinct", "expected_max", "timestamp_min")), strict=True)
+        TxnSpan(txn=txn, seen=int(s), expected=int(e), offsets=offsets[txn], declared=declared.get(txn),
+                seen_by_topic=by_topic[txn], positions=positions.get(txn, frozenset()))
+        for txn, s, e in zip(ids, seen, expected, strict=True)
     ]
+
+
+def search(client_config: Mapping[str, str], pipeline: PipelineConfig, regions: Mapping[str, Mapping[TP, tuple[int, int]]],
+           expected: Mapping[str, int], have: Mapping[str, frozenset[int]]) -> dict[str, frozenset[int]]:
+    """Positions of each transaction's events known readable: ``have``, and those met in its ``regions``
+    (past the proposal, below the LSO).
+
+    Reading stops in a partition as soon as every transaction looking there is whole
+    (``have`` plus what was met reaches ``expected``): the rest of a transaction the cap
+    split usually lies just past the proposal, so this costs a fetch or two. Only a
+    transaction missing events for real is searched to the LSO; a later batch searches
+    it only from where this stopped (:func:`offsets.cut.search_regions`).
+    """
+    from connectors.range_reader import RangeReader
+
+    found: dict[str, set[int]] = {txn: set(have.get(txn, ())) for txn in regions}
+    span: dict[TP, tuple[int, int]] = {}
+    looking: dict[TP, set[str]] = {}
+    for txn, parts in regions.items():
+        for tp, (start, end) in parts.items():
+            lo, hi = span.get(tp, (start, end))
+            span[tp] = (min(lo, start), max(hi, end))
+            looking.setdefault(tp, set()).add(txn)
+    if not span:
+        return {}
+    mine = topic_filter(pipeline)
+    memo: dict[tuple[bytes | None, ...], Shared | None] = {}
+    with RangeReader(client_config, [(t, p, lo, hi) for (t, p), (lo, hi) in span.items()],
+                     fetch_bytes=16 * 1024 * 1024, partition_fetch_bytes=1024 * 1024) as reader:
+        for m in reader.records():
+            headers = m.headers()
+            event = txn_of(headers, mine, memo) if headers else None
+            if event is None or event[0] not in found:
+                continue
+            got = found[event[0]]
+            if event[1] in got:
+                continue
+            got.add(event[1])
+            if len(got) < expected[event[0]]:
+                continue
+            for tp in regions[event[0]]:  # whole: no partition needs reading for it any more
+                waiting = looking[tp]
+                waiting.discard(event[0])
+                if not waiting and tp in reader.pending:
+                    reader.finish(tp)
+    return {txn: frozenset(p) for txn, p in found.items()}
 
 
 #: Records :func:`probe` reads from the start of each range.
@@ -259,30 +334,47 @@ def probe(client_config: Mapping[str, str], pipeline: PipelineConfig, intent: In
         events.close()  # closes the reader's consumer now, not when collected
 
 
-def cut(client_config: Mapping[str, str], pipeline: PipelineConfig, intent: Intent) -> Intent:
-    """``intent`` cut at source-transaction boundaries, with the overdue ones released or refused."""
-    from dataclasses import replace
+def cut(client_config: Mapping[str, str], pipeline: PipelineConfig, intent: Intent,
+        bounds: Mapping[TP, PartitionBounds], last: Intent | None) -> Intent:
+    """``intent`` cut at source-transaction boundaries, with those missing events past their timeout released or refused.
 
-    spans = scan(client_config, pipeline, intent)
-    intent = replace(intent, guarded=False, txns=len(spans))
-    if not spans:
-        return intent
+    ``bounds`` are the LSOs up to which a missing event would be readable; ``last`` is the
+    batch before, whose waits (:class:`offsets.ledger.Wait`) this one carries on.
+    """
+    found_spans = scan(client_config, pipeline, intent)
+    waits: Mapping[str, Wait] = last.waiting if last else {}
+    incomplete = [s for s in found_spans if not s.complete]
+    lso = {tp: b.stable_end for tp, b in bounds.items()}
+    regions = search_regions(incomplete, intent.ends(), lso, waits)
+    have = {s.txn: s.positions | (waits[s.txn].found if s.txn in waits else frozenset()) for s in incomplete}
+    expected = {s.txn: s.expected for s in incomplete}
+    # Apart: a waiting transaction is searched from where its last search stopped, often far
+    # past the proposal, and one read of both would re-read the stretch in between.
+    found: dict[str, frozenset[int]] = {}
+    for waited in (False, True):
+        part = {txn: r for txn, r in regions.items() if (txn in waits) is waited}
+        found |= search(client_config, pipeline, part, expected, have)
     policy = pipeline.transactions
-    late = overdue(spans, intent.planned_at, timedelta(seconds=policy.incomplete_timeout_seconds))
+    verdict = judge(found_spans, found, lso, waits, intent.planned_at,
+                    timedelta(seconds=policy.incomplete_timeout_seconds))
+    late = verdict.overdue
     if late and policy.on_incomplete == "stop":
         names = ", ".join(f"{s.txn} ({s.seen} of {s.expected} events)" for s in late[:5])
         raise IncompleteTransactionError(
-            f"pipeline {pipeline.name!r}: source transaction(s) incomplete for over "
+            f"pipeline {pipeline.name!r}: source transaction(s) missing events below the LSO for over "
             f"{policy.incomplete_timeout_seconds:g} s: {names}. Nothing of them was written. Find the missing "
             "events (relay, retention) or set transactions.on_incomplete: release to write them flagged")
-    decided = cut_ranges(intent.ranges, spans, released=[s.txn for s in late])
+    decided = cut_ranges(intent.ranges, found_spans, released=[s.txn for s in late])
+    waiting = {txn: w for txn, w in verdict.waits.items() if txn not in decided.released}
     if decided.released:
-        oldest = max((intent.planned_at - s.first_timestamp).total_seconds() for s in late)
-        log.error("ALERT pipeline %s batch %d: releasing %d incomplete source transaction(s) past %g s "
-                  "(oldest first seen %.0f s ago), flagged _tidemark_txn.released: %s", pipeline.name,
-                  intent.batch_id, len(decided.released), policy.incomplete_timeout_seconds, oldest,
-                  ", ".join(decided.released[:5]))
+        longest = max((intent.planned_at - verdict.waits[s.txn].since).total_seconds() for s in late)
+        log.error("ALERT pipeline %s batch %d: releasing %d source transaction(s) whose missing events stayed "
+                  "unreadable for %g s or more (longest wait %.0f s), flagged _tidemark_txn.released: %s",
+                  pipeline.name, intent.batch_id, len(decided.released), policy.incomplete_timeout_seconds,
+                  longest, ", ".join(decided.released[:5]))
     if decided.held:
-        log.info("batch %d: %d source transaction(s) not yet whole wait for a later batch",
-                 intent.batch_id, len(decided.held))
-    return replace(intent, ranges=decided.ranges, released=decided.released, held=len(decided.held))
+        log.info("batch %d: %d source transaction(s) not whole in this batch wait for a later one (%d of them "
+                 "missing events below the LSO)", intent.batch_id, len(decided.held),
+                 sum(1 for t in decided.held if t in waiting))
+    return replace(intent, guarded=False, txns=len(found_spans), ranges=decided.ranges, released=decided.released,
+                   held=len(decided.held), waiting=waiting)

@@ -144,7 +144,8 @@ def _g3(intent: Intent) -> str:
     if intent.txns is None and not intent.held and not intent.released:
         return "-"
     seen = "?" if intent.txns is None else str(intent.txns)
-    return f"scanned: {seen}, {intent.held} held, {len(intent.released)} released"
+    missing = f" ({len(intent.waiting)} missing events)" if intent.waiting else ""
+    return f"scanned: {seen}, {intent.held} held{missing}, {len(intent.released)} released"
 
 
 def cmd_offsets_show(args: argparse.Namespace) -> int:

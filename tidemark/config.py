@@ -83,8 +83,11 @@ class TransactionsConfig(BaseModel):
     atomic: bool = True
     """Cut each batch so a source transaction's events for this pipeline's topics land in one commit."""
     incomplete_timeout_seconds: Annotated[float, Field(gt=0)] = 600.0
-    """How long a transaction may stay incomplete (measured from its first event's Kafka timestamp)
-    before ``on_incomplete`` applies. Until then it, and everything after it in its partitions, waits."""
+    """How long a transaction may miss events that are not readable (not below any LSO: never
+    produced, deleted by retention, on a topic not read) before ``on_incomplete`` applies, counted
+    from the first batch that found them missing, not from the events' age. Until then it, and
+    everything after it in its partitions, waits. A transaction the record cap splits is never
+    incomplete: it waits for a later batch, whatever its age."""
     on_incomplete: Literal["release", "stop"] = "release"
     """``release``: write what arrived, flagged ``_tidemark_txn.released``, and log an alert;
     ``stop``: fail the run with the transaction named, writing nothing of it."""

@@ -13,6 +13,7 @@ import sys
 import time
 import uuid
 from collections import defaultdict
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,6 @@ import yaml
 from confluent_kafka import Producer
 
 from offsets.ledger import Ledger
-from offsets.tables import delta_table_exists
 from outbox import headers as H
 from pipelines.ingest import IngestJob
 from pipelines.transactions import IncompleteTransactionError
@@ -93,8 +93,8 @@ def test_truncated_transaction_waits_then_is_released_flagged_and_reported(
     whole1 = src.write([(a, 0), (b, 1), (a, 1)])
     truncated = src.write([(a, 0), (b, 0)], drop=frozenset({1}))  # its b event never reached Kafka
     whole2 = src.write([(a, 0), (b, 0), (b, 1)])  # after the truncated one in a[0]: waits behind it
-    # The timeout is measured from the events' Kafka timestamps at planning; rather than race a
-    # cold JVM against a short one, the first run waits an hour and the second a second.
+    # The wait counts from the first batch that found the event missing below the LSO; rather
+    # than race a cold JVM against a short timeout, the first run waits an hour and the second a second.
     config = _config(kafka_bootstrap, tmp_path, [a, b], transactions={"incomplete_timeout_seconds": 3600})
     pipeline = config.pipelines[0]
 
@@ -102,6 +102,8 @@ def test_truncated_transaction_waits_then_is_released_flagged_and_reported(
     assert _txns(spark, pipeline.target) == {whole1: (3, 3, False)}
     last = Ledger(spark, pipeline.ledger_path, pipeline.name).last()
     assert last is not None and last.held == 2 and last.released == ()
+    assert set(last.waiting) == {truncated}  # whole2 is whole in Kafka: it waits, but not for an event
+    since = last.waiting[truncated].since
 
     time.sleep(1.5)
     config = _config(kafka_bootstrap, tmp_path, [a, b], transactions={"incomplete_timeout_seconds": 1})
@@ -110,6 +112,7 @@ def test_truncated_transaction_waits_then_is_released_flagged_and_reported(
     assert _txns(spark, pipeline.target) == {whole1: (3, 3, False), truncated: (1, 2, True), whole2: (3, 3, False)}
     released = [i for i in Ledger(spark, pipeline.ledger_path, pipeline.name).history() if i.released]
     assert [i.released for i in released] == [(truncated,)]
+    assert released[0].planned_at - since >= timedelta(seconds=1) and not released[0].waiting
 
     report = audit(spark, pipeline, kafka_options={"kafka.bootstrap.servers": kafka_bootstrap},
                    client_config={"bootstrap.servers": kafka_bootstrap}, docs_dir=tmp_path / "docs")
@@ -137,13 +140,22 @@ def test_stop_policy_writes_nothing_of_an_overdue_transaction(
     a, b = topic_factory("g3s", partitions=1), topic_factory("g3s", partitions=1)
     src = SourceTxns(kafka_bootstrap)
     truncated = src.write([(a, 0), (b, 0)], drop=frozenset({0}))
+
+    def config(timeout: float) -> TidemarkConfig:
+        return _config(kafka_bootstrap, tmp_path, [a, b],
+                       transactions={"incomplete_timeout_seconds": timeout, "on_incomplete": "stop"})
+
+    # The first run finds the event missing and starts the wait: an empty batch carries it in
+    # the ledger. (An hour: a cold run's second plan would otherwise be past a short timeout.)
+    pipeline = config(3600).pipelines[0]
+    IngestJob(spark, config(3600), pipeline, kafka_bootstrap).run_bounded()
+    first = Ledger(spark, pipeline.ledger_path, pipeline.name).last()
+    assert first is not None and first.is_empty and set(first.waiting) == {truncated}
     time.sleep(2.5)  # past the timeout (planning times are whole seconds)
-    config = _config(kafka_bootstrap, tmp_path, [a, b],
-                     transactions={"incomplete_timeout_seconds": 1, "on_incomplete": "stop"})
+    pipeline = config(1).pipelines[0]
     with pytest.raises(IncompleteTransactionError, match=truncated):
-        IngestJob(spark, config, config.pipelines[0], kafka_bootstrap).run_bounded()
-    target = config.pipelines[0].target
-    assert not delta_table_exists(spark, target) or spark.read.format("delta").load(target).count() == 0
+        IngestJob(spark, config(1), pipeline, kafka_bootstrap).run_bounded()
+    assert spark.read.format("delta").load(pipeline.target).count() == 0
 
 
 def test_every_table_version_holds_whole_transactions_under_tiny_batches(

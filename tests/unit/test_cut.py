@@ -1,21 +1,27 @@
-"""The G3 cut (offsets.cut): pure logic, checked against a brute-force definition."""
+"""The G3 cut and the search for missing events (offsets.cut): pure logic, checked against
+brute-force and plain definitions."""
 
 from __future__ import annotations
 
 import random
 from datetime import UTC, datetime, timedelta
 
-from offsets.cut import TxnSpan, cut_ranges, overdue
-from offsets.ledger import Range
+from offsets.cut import TxnSpan, cut_ranges, judge, search_regions
+from offsets.ledger import Range, Wait
 
 T0 = datetime(2026, 11, 22, tzinfo=UTC)
+TIMEOUT = timedelta(seconds=600)
 
 
 def span(txn: str, events: dict[tuple[str, int], list[int]], expected: int | None = None,
-         age: float = 0.0) -> TxnSpan:
+         declared: dict[str, int] | None = None, positions: set[int] | None = None) -> TxnSpan:
     seen = sum(len(v) for v in events.values())
-    return TxnSpan(txn, seen, expected if expected is not None else seen, T0 - timedelta(seconds=age),
-                   {tp: (min(v), max(v)) for tp, v in events.items()})
+    by_topic: dict[str, int] = {}
+    for (topic, _), offsets in events.items():
+        by_topic[topic] = by_topic.get(topic, 0) + len(offsets)
+    return TxnSpan(txn, seen, expected if expected is not None else seen,
+                   {tp: (min(v), max(v)) for tp, v in events.items()}, declared=declared,
+                   seen_by_topic=by_topic, positions=frozenset(positions if positions is not None else range(seen)))
 
 
 def test_whole_transactions_leave_the_ranges_alone() -> None:
@@ -46,11 +52,60 @@ def test_cut_cascades_to_transactions_it_splits() -> None:
 
 def test_released_transactions_are_taken_as_they_are() -> None:
     ranges = [Range("a", 0, 0, 10)]
-    late = span("t1", {("a", 0): [3]}, expected=2, age=700)
-    assert overdue([late], T0, timedelta(seconds=600)) == [late]
-    assert overdue([late], T0, timedelta(seconds=800)) == []
-    cut = cut_ranges(ranges, [late], released=["t1"])
+    cut = cut_ranges(ranges, [span("t1", {("a", 0): [3]}, expected=2)], released=["t1"])
     assert cut.ranges == tuple(ranges) and cut.released == ("t1",) and cut.held == ()
+
+
+LSO = {("a", 0): 100, ("a", 1): 80, ("b", 0): 50}
+
+
+def test_the_search_looks_only_where_missing_events_can_be() -> None:
+    ends = {("a", 0): 10, ("a", 1): 80, ("b", 0): 20}
+    # Its a-events are all here; b owes one: only b's partitions are searched, from the proposal's end.
+    owing_b = span("t1", {("a", 0): [3], ("b", 0): [4]}, expected=3, declared={"a": 1, "b": 2})
+    # No per-topic counts: any partition with something past the proposal (a[1] is at its LSO).
+    unknown = span("t2", {("a", 0): [5]}, expected=2)
+    # Waiting already: searched on from where the last search stopped, not from the proposal.
+    waited = span("t3", {("a", 0): [6]}, expected=2, declared={"a": 2})
+    waits = {"t3": Wait(T0, {("a", 0): 60, ("a", 1): 80})}
+    regions = search_regions([owing_b, unknown, waited], ends, LSO, waits)
+    assert regions == {"t1": {("b", 0): (20, 50)}, "t2": {("a", 0): (10, 100), ("b", 0): (20, 50)},
+                       "t3": {("a", 0): (60, 100)}}
+
+
+def test_a_transaction_whole_past_the_proposal_waits_without_a_clock() -> None:
+    """The defect of issue 20: a cap that splits a transaction must never release it, however old."""
+    split = span("t1", {("a", 0): [8, 9]}, expected=3, positions={0, 1})
+    verdict = judge([split], {"t1": frozenset({2})}, LSO, {}, T0 + timedelta(days=1), TIMEOUT)
+    assert verdict.whole_in_kafka == ("t1",) and verdict.waits == {} and verdict.overdue == ()
+    # And the cut holds it for a later batch rather than writing part of it.
+    assert cut_ranges([Range("a", 0, 0, 10)], [split]).ranges == (Range("a", 0, 0, 8),)
+
+
+def test_the_wait_counts_from_the_first_batch_that_saw_events_missing_below_the_lso() -> None:
+    missing = span("t1", {("a", 0): [8]}, expected=2, declared={"a": 1, "b": 1}, positions={0})
+    first = judge([missing], {}, LSO, {}, T0, TIMEOUT)
+    assert first.overdue == () and first.waits == {"t1": Wait(T0, {("b", 0): 50}, frozenset({0}))}
+    # Later batches keep the first sighting and search on from the LSO then.
+    later = judge([missing], {}, {**LSO, ("b", 0): 70}, first.waits, T0 + TIMEOUT - timedelta(seconds=1), TIMEOUT)
+    assert later.overdue == () and later.waits["t1"].since == T0 and later.waits["t1"].searched == {("b", 0): 70}
+    due = judge([missing], {}, LSO, later.waits, T0 + TIMEOUT, TIMEOUT)
+    assert due.overdue == (missing,)
+    # The missing event turns up: whole in Kafka, no longer waiting, never released.
+    found = judge([missing], {"t1": frozenset({1})}, LSO, later.waits, T0 + 2 * TIMEOUT, TIMEOUT)
+    assert found.whole_in_kafka == ("t1",) and found.waits == {} and found.overdue == ()
+
+
+def test_events_found_by_earlier_searches_still_count() -> None:
+    # Three events: one in the proposal, one found by an earlier batch's search, one found now.
+    t = span("t1", {("a", 0): [8]}, expected=3, positions={0})
+    waits = {"t1": Wait(T0, {("a", 0): 90}, frozenset({0, 2}))}
+    assert judge([t], {"t1": frozenset({1})}, LSO, waits, T0, TIMEOUT).whole_in_kafka == ("t1",)
+
+
+def test_waits_of_transactions_this_batch_did_not_see_are_carried() -> None:
+    waits = {"gone-for-now": Wait(T0, {("a", 0): 30})}
+    assert judge([span("t2", {("a", 0): [1, 2]})], {}, LSO, waits, T0, TIMEOUT).waits == waits
 
 
 def _brute_force_ok(spans: list[TxnSpan], ends: dict[tuple[str, int], int]) -> bool:
@@ -87,7 +142,7 @@ def test_random_cuts_are_valid_and_the_largest_valid_cut() -> None:
             kept = {tp: (o[0], min(o[1], ends0[tp] - 1)) for tp, o in s.offsets.items() if o[0] < ends0[tp]}
             if kept:
                 seen = sum(last - first + 1 for first, last in kept.values())
-                visible.append(TxnSpan(s.txn, seen, s.expected, s.first_timestamp, kept))
+                visible.append(TxnSpan(s.txn, seen, s.expected, kept))
         cut = cut_ranges(ranges, visible)
         ends = {r.tp: r.end for r in cut.ranges}
         assert _brute_force_ok(visible, ends)
