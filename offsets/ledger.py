@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from offsets.tables import delta_table_exists
+from offsets.tables import delta_table_exists, txn_version
 from tidemark.errors import TerminalError
 
 if TYPE_CHECKING:
@@ -39,6 +39,10 @@ LEDGER_SCHEMA = (
 
 class OffsetRegressionError(TerminalError):
     """A planned range would move a partition's offset backwards; the ledger is inconsistent."""
+
+
+class LedgerMismatchError(TerminalError):
+    """The target holds batches its ledger does not: the ledger was deleted, replaced or restored."""
 
 
 @dataclass(frozen=True, order=True)
@@ -192,27 +196,12 @@ class Ledger:
     def last(self) -> Intent | None:
         """The newest intent of this pipeline, at a cost that does not grow with the ledger (R2).
 
-        The newest ledger commit names its batch in ``userMetadata``; the row is then found
-        by data skipping on ``batch_id``. Only if recent history lacks that (commits by
-        other tools, or log cleanup) is ``max(batch_id)`` computed by a scan.
+        Every claim carries ``txnAppId=<pipeline>``, so the ledger's ``txn`` state names the
+        newest batch (``offsets.tables.txn_version``, which also sees a ledger deleted under
+        a running session); the row is then found by data skipping on ``batch_id``.
         """
-        if not self._exists():
-            return None
-        newest = self._newest_committed_batch()
-        if newest is not None:
-            found = self.get(newest)
-            if found is not None:
-                return found
-        from pyspark.sql import functions as F
-
-        top = self._rows("true").agg(F.max("batch_id")).first()
-        if top is None or top[0] is None:
-            return None
-        return self.get(int(top[0]))
-
-    def _newest_committed_batch(self, window: int = 4) -> int | None:
-        commits, _ = recent_commits(self.spark, self.path, self.pipeline, window)
-        return int(commits[0]["batch"]) if commits else None  # type: ignore[call-overload]
+        newest = txn_version(self.path, self.pipeline)
+        return None if newest is None else self.get(newest)
 
     def get(self, batch_id: int) -> Intent | None:
         found = self._intents(f"batch_id = {int(batch_id)}")

@@ -5,9 +5,12 @@ Steps of :meth:`CommitProtocol.run_batch`, in order (``N`` is the newest batch i
 ledger; docs/design.md has the table of every crash point between them):
 
 1. **Recover.** Read intent ``N`` from the ledger and the newest batch the target and the
-   quarantine record (``userMetadata`` of their latest commits). If the target lacks
-   ``N``, replay it (steps 4-5); if only the quarantine lacks it, redo step 5. Replay is
-   deterministic (same ranges, same ``planned_at``) and Delta skips any write whose
+   quarantine hold (their ``txn`` state for ``txnAppId=<pipeline>``, which survives log
+   cleanup and other writers' commits). A target ahead of its ledger means the ledger
+   was deleted or replaced: stop (:class:`LedgerMismatchError`), never write past it.
+   If the target lacks ``N``, replay it (steps 4-5); if it holds ``N`` but step 5 is
+   not recorded (the settled marker, or the quarantine's ``txn``), redo step 5. Replay
+   is deterministic (same ranges, same ``planned_at``) and Delta skips any write whose
    ``(txnAppId, txnVersion)`` it already holds.
 2. **Plan** ``N+1``: from ``N``'s end offsets (the start policy for partitions that are
    new), up to a snapshot of each partition's LSO, within the record cap. Then the
@@ -43,13 +46,13 @@ ledger; docs/design.md has the table of every crash point between them):
    quarantine's record in its history, or else re-reads the newest batch once to count
    its bad records — correct, only slower.
 
-Only public delta-spark APIs are used: the ``txnAppId``/``txnVersion``/``userMetadata``
-writer options and ``DeltaTable.history``. Which append committed is told by a write
-token in ``userMetadata`` read back from history, or, for step 4, by the pass's
-``Observation`` having completed (a skipped append runs no job). ``txn`` actions
-survive log cleanup and checkpoints, so the fence holds for the life of the table; the
-ledger (not commitInfo, which log cleanup deletes) is the durable record of every
-batch's offsets.
+Only public APIs are used: delta-spark's ``txnAppId``/``txnVersion``/``userMetadata``
+writer options and ``DeltaTable.history``, and delta-rs's ``transaction_version`` to
+read a table's ``txn`` state. Which append committed is told by a write token in
+``userMetadata`` read back from history, or by the append's ``Observation`` having
+completed (a skipped append runs no job). ``txn`` actions survive log cleanup and
+checkpoints, so the fence holds for the life of the table; the ledger (not commitInfo,
+which log cleanup deletes) is the durable record of every batch's offsets.
 """
 
 from __future__ import annotations
@@ -67,9 +70,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from connectors.admin import PartitionBounds
-from offsets.ledger import TP, Intent, Ledger, now_utc, recent_commits
+from offsets.ledger import TP, Intent, Ledger, LedgerMismatchError, now_utc, recent_commits
 from offsets.planner import plan_ranges
-from offsets.tables import read_small_file, write_small_file
+from offsets.tables import read_small_file, txn_version, write_small_file
 from tidemark.errors import TerminalError, TransientError
 
 log = logging.getLogger(__name__)
@@ -77,7 +80,8 @@ log = logging.getLogger(__name__)
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, Observation, SparkSession
 
-#: How many of a table's newest commits are searched for our batch id: a few first, then more.
+#: How many of a table's newest commits are searched for an append's own write token: a
+#: few first (it is nearly always the newest), then more.
 SHORT_WINDOW = 4
 HISTORY_WINDOW = 50
 
@@ -170,6 +174,11 @@ Decide = Callable[[Intent, "Intent | None", Mapping[TP, PartitionBounds]], Inten
 #: Step 4's revision of a guarded intent whose check failed: the same batch, decided without the guard.
 Revise = Callable[[Intent], Intent]
 
+#: Where partitions without a stored end start: given them, the bounds the batch is planned
+#: to, and whether the pipeline has committed a batch before (then they are new to a
+#: running pipeline, not its first start). Every start must lie within those bounds.
+NewPartitionStarts = Callable[[list[TP], Mapping[TP, PartitionBounds], bool], Mapping[TP, int]]
+
 
 def _completes(observation: Observation, timeout: float) -> bool:
     """Has ``observation``'s query run, waiting at most ``timeout``? False if it cannot tell.
@@ -215,26 +224,22 @@ class CommitProtocol:
 
     # -- what the tables record -------------------------------------------------------
 
-    def _find_commit(self, path: str, match: Callable[[dict[str, object]], bool]) -> dict[str, object] | None:
-        """Newest of our commits ``match`` accepts: the last few commits first, then the whole window.
+    def committed_batch(self, path: str | None = None) -> int:
+        """Newest batch a table (default: the target) holds for this pipeline: its ``txn`` state, 0 if none."""
+        return txn_version(path or self.target, self.pipeline) or 0
 
-        Reading history costs one log file per commit, and ours is nearly always the newest.
+    def _landed(self, path: str, intent: Intent, token: str) -> bool:
+        """Did the append tagged ``token`` commit, or did Delta skip it (batch already there)?
+
+        Its commit is nearly always the newest, so the last few commits are read first.
         """
         for window in (SHORT_WINDOW, HISTORY_WINDOW):
             commits, read = recent_commits(self.spark, path, self.pipeline, window)
-            hit = next((m for m in commits if match(m)), None)
-            if hit is not None or read < window:
-                return hit
-        return None
-
-    def committed_batch(self, path: str | None = None) -> int | None:
-        """Newest batch id a table (default: the target) records for this pipeline, if in reach."""
-        meta = self._find_commit(path or self.target, lambda m: True)
-        return int(meta["batch"]) if meta else None  # type: ignore[call-overload]
-
-    def _landed(self, path: str, intent: Intent, token: str) -> bool:
-        """Did the append tagged ``token`` commit, or did Delta skip it (batch already there)?"""
-        return self._find_commit(path, lambda m: m["batch"] == intent.batch_id and m.get("write") == token) is not None
+            if any(m["batch"] == intent.batch_id and m.get("write") == token for m in commits):
+                return True
+            if read < window:
+                return False
+        return False
 
     # -- step 1 -------------------------------------------------------------------
 
@@ -244,13 +249,21 @@ class CommitProtocol:
             # the next claim without step 3 noticing.
             return self._settled, None
         last = self.ledger.last()
+        committed = self.committed_batch()
+        if committed > (last.batch_id if last else 0):
+            # Claims always precede their rows, so only a lost ledger leaves the target ahead:
+            # its batches' offsets are unknown, and writing on would skip or repeat records.
+            raise LedgerMismatchError(
+                f"pipeline {self.pipeline!r}: the target {self.target} holds batch {committed}, but its ledger "
+                f"{self.ledger.path} " + (f"ends at batch {last.batch_id}" if last else "is missing or empty")
+                + "; it was deleted, replaced or restored, so the offsets the target holds are unknown. Nothing was "
+                "written. Restore the ledger, or ingest into a new target (docs/operations.md, 'Recovery')")
         if last is None:
             return None, None
-        committed = self.committed_batch()
-        if committed is None or committed < last.batch_id:
+        if committed < last.batch_id:
             result = self._write(last, replayed=True)
             last = result.intent  # the revision, if the replay revised it
-        elif self._marked_settled(last) or (self.committed_batch(self.quarantine) or 0) >= last.batch_id:
+        elif self._marked_settled(last) or self.committed_batch(self.quarantine) >= last.batch_id:
             self._settled = last
             return last, None
         else:
@@ -339,8 +352,9 @@ class CommitProtocol:
         try:
             if bad_count is None:
                 bad_count = bad.count()
-            # With nothing to quarantine, `limit(0)` commits an empty append without reading Kafka.
-            landed = self._append(bad if bad_count else bad.limit(0), self.quarantine, intent, partition_by=())
+            if bad_count == 0:
+                return 0  # as above: no quarantine table for a pipeline without bad records
+            landed = self._append(bad, self.quarantine, intent, partition_by=())
         finally:
             bad.unpersist()
         return bad_count if landed else 0
@@ -377,7 +391,7 @@ class CommitProtocol:
             writer.save(path)
         except _DELTA_CONFLICTS:
             # A rival run committed the same batch (identical rows) first.
-            if self._find_commit(path, lambda m: m["batch"] == intent.batch_id) is None:
+            if self.committed_batch(path) < intent.batch_id:
                 raise
             return False
         if observation is not None and _completes(observation, OBSERVATION_WAIT_SECONDS):
@@ -387,7 +401,7 @@ class CommitProtocol:
     # -- the whole batch ------------------------------------------------------------
 
     def run_batch(
-        self, bounds: Mapping[TP, PartitionBounds], new_partition_starts: Callable[[list[TP]], Mapping[TP, int]],
+        self, bounds: Mapping[TP, PartitionBounds], new_partition_starts: NewPartitionStarts,
         max_offsets: int, *, max_bytes: int | None = None,
         sizes: Callable[[Mapping[TP, tuple[int, int]]], Mapping[TP, float]] | None = None,
     ) -> tuple[BatchResult | None, BatchResult | None]:
@@ -403,7 +417,7 @@ class CommitProtocol:
         # Step 2. Plan N+1.
         previous = last.ends() if last else {}
         fresh = [tp for tp in bounds if tp not in previous]
-        starts = new_partition_starts(fresh) if fresh else {}
+        starts = new_partition_starts(fresh, bounds, last is not None) if fresh else {}
         next_id = (last.batch_id if last else 0) + 1
         weights: Mapping[TP, float] | None = None
         if max_bytes is not None and sizes is not None:

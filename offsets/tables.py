@@ -1,4 +1,5 @@
-"""File-system questions about tables, asked through Hadoop so object stores work too.
+"""Questions about tables: existence and small files through Hadoop (so object stores
+work too), and each table's ``txn`` state through delta-rs.
 
 Does a Delta table exist at a path — asked in a way that sees other processes' commits.
 
@@ -60,3 +61,22 @@ def read_small_file(spark: SparkSession, path: str) -> bytes | None:
         return bytes(jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
     finally:
         stream.close()
+
+
+def txn_version(path: str, app_id: str) -> int | None:
+    """The newest ``txnVersion`` the Delta table at ``path`` records for ``app_id``, or None.
+
+    Read from the table's ``txn`` state by delta-rs (the ``deltalake`` package, no JVM):
+    the newest checkpoint plus the commits after it, so the cost does not grow with the
+    table's history, and unlike a search of recent ``commitInfo`` the answer survives log
+    cleanup and any number of other writers' commits (compaction, a second pipeline).
+    Object stores take their credentials from the environment, as delta-rs reads them.
+    """
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        table = DeltaTable(path)
+    except TableNotFoundError:
+        return None  # no table yet, or its first commit still in flight
+    return table.transaction_version(app_id)

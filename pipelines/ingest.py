@@ -21,7 +21,7 @@ from offsets.protocol import BatchResult, CommitProtocol
 from pipelines import transactions
 from pipelines.dedup import table_version
 from pipelines.transform import frames
-from tidemark.config import PipelineConfig, TidemarkConfig, TimestampStart
+from tidemark.config import PipelineConfig, TidemarkConfig
 from tidemark.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -110,7 +110,14 @@ class IngestJob:
             topics = admin.topics_matching(self.pipeline.topics, self.pipeline.topic_pattern)
             return admin.bounds(admin.partitions(topics))
 
-    def _new_partition_starts(self, partitions: list[TP]) -> Mapping[TP, int]:
+    def _new_partition_starts(self, partitions: list[TP], bounds: Mapping[TP, PartitionBounds],
+                              known: bool) -> Mapping[TP, int]:
+        """Starts of ``partitions``, within ``bounds`` (the snapshot the batch is planned to).
+
+        The start policy applies to a pipeline's first batch only. A partition or a matching
+        topic that appears later is new to a running pipeline: all of it is the pipeline's
+        to read, so it starts at its log start. (At ``latest`` it would skip its first events.)
+        """
         if self.start_offsets:
             missing = sorted(tp for tp in partitions if tp not in self.start_offsets)
             if missing:
@@ -118,13 +125,14 @@ class IngestJob:
                                   + ", ".join(f"{t}:{p}" for t, p in missing) + "; add them as TOPIC:PARTITION=OFFSET")
             return {tp: self.start_offsets[tp] for tp in partitions}
         start = self.pipeline.start
-        with KafkaAdmin(self.client_config) as admin:
-            if isinstance(start, TimestampStart):
-                return admin.offsets_for_time(partitions, start.timestamp)
-            bounds = admin.bounds(partitions)
+        if known or start == "earliest":
+            return {tp: bounds[tp].log_start for tp in partitions}
         if start == "latest":
-            return {tp: b.stable_end for tp, b in bounds.items()}
-        return {tp: b.log_start for tp, b in bounds.items()}
+            return {tp: bounds[tp].stable_end for tp in partitions}
+        with KafkaAdmin(self.client_config) as admin:
+            found = admin.offsets_for_time(partitions, start.timestamp)
+        # Records that arrived after the snapshot belong to a later batch.
+        return {tp: min(found[tp], bounds[tp].stable_end) for tp in partitions}
 
     def _sizes(self, ranges: Mapping[TP, tuple[int, int]]) -> Mapping[TP, float]:
         return bytes_per_offset(self.client_config, ranges)

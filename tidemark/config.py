@@ -152,7 +152,8 @@ class PipelineConfig(BaseModel):
     partition_by: tuple[str, ...] = ()
     """Delta partition columns of the target table."""
     start: Literal["earliest", "latest"] | TimestampStart = "earliest"
-    """Where a new pipeline (or a new partition) starts."""
+    """Where a new pipeline starts. Partitions and matching topics that appear later start at
+    their log start: all of them is the running pipeline's to read."""
     max_records_per_batch: Annotated[int, Field(ge=1)] = 2_000_000
     """Cap on the offsets one batch spans (markers included, so records <= this).
 
