@@ -1,11 +1,20 @@
 """A transactional confluent-kafka producer whose errors arrive already classified.
 
-librdkafka sorts every transactional error into one of three kinds, and the caller's
-reaction depends only on the kind (DESIGN.md section 5):
+librdkafka sorts every transactional error into kinds, and the caller's reaction depends
+only on the kind (DESIGN.md section 5):
 
-* retriable (a coordinator moving, a broker restarting): call the same method again;
-* abortable (``txn_requires_abort``: a failed produce, a transaction timed out): abort,
-  then redo the whole transaction from its source;
+* retriable (a coordinator moving, a broker restarting): call the same method again, for
+  up to ``retry_for`` seconds; past that the broker counts as *unavailable*
+  (:class:`KafkaUnavailableError`, transient): the caller steps back and tries again
+  later, it does not die. An outage is not a reason to stop a daemon;
+* abortable (``txn_requires_abort``: a failed produce, a transaction timed out — which
+  bumps the epoch and surfaces as ``INVALID_PRODUCER_EPOCH``, abortable, not a fence):
+  abort (:class:`TransactionAbortedError`); the caller redoes the whole transaction from
+  its source in a new producer epoch, after reading back what is committed;
+* a commit whose outcome is unknown (``commit_transaction`` timed out or lost its
+  connection): :class:`CommitOutcomeUnknownError`. Never redone blindly: the caller
+  renews the producer (a fence, which completes or aborts that transaction on the
+  broker) and reads back what it committed;
 * fatal, including being fenced by a newer instance with the same ``transactional.id``:
   the producer is unusable; stop and exit non-zero.
 
@@ -15,7 +24,7 @@ One more rule, because librdkafka speaks only the classic transaction protocol (
 KIP-890 "transactions v2", librdkafka issue #5423): a producer keeps its epoch from one
 transaction to the next, so a request of transaction T1 that the broker handles late
 (a produce or EndTxn retried across a broker restart or a cut connection) can land in
-T2, merging two source transactions or committing T2 early. After any sign of such a
+T2, merging two transactions or committing T2 early. After any sign of such a
 disturbance — an error event from the client, a retried or aborted call —
 :attr:`TransactionalProducer.disturbed` says why, and the caller replaces the instance
 with :meth:`TransactionalProducer.renew` before its next transaction: the new instance's
@@ -34,12 +43,15 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from tidemark.errors import TerminalError
+from tidemark.errors import TerminalError, TransientError
 
 log = logging.getLogger(__name__)
 
 _FENCED = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
            KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
+
+#: What ``on_delivery`` callbacks receive: (error or None, message).
+Delivery = Callable[[Any, Any], None]
 
 
 class ProducerFencedError(TerminalError):
@@ -50,6 +62,22 @@ class ProducerFencedError(TerminalError):
 
 class ProducerFatalError(TerminalError):
     """The producer hit an error it cannot recover from."""
+
+
+class KafkaUnavailableError(TransientError):
+    """Kafka kept answering with retriable errors (or not at all) for longer than the retry window."""
+
+
+class TransactionAbortedError(TransientError):
+    """An abortable error ended the transaction (aborted); its work must be redone after a fence."""
+
+
+class CommitOutcomeUnknownError(TransientError):
+    """``commit_transaction`` failed without saying whether the transaction committed.
+
+    The caller must renew the producer (fencing the transaction to an end on the broker)
+    and read back what it had committed; redoing the transaction blindly could write it twice.
+    """
 
 
 def _fatal(err: KafkaError, what: str, transactional_id: str) -> TerminalError:
@@ -103,14 +131,19 @@ class TransactionalProducer:
         self.renewals += 1
         self._producer = self._new_instance()
         self._disturbed = None
-        self.init(self._init_timeout)
         try:
             old.close()
         except KafkaException as exc:  # fenced by the new instance, as intended: it ends nothing more
             log.debug("old producer instance closed: %s", exc.args[0])
+        self.init(self._init_timeout)
 
     def _call(self, what: str, fn: Callable[[], None]) -> None:
-        """Call a transactional method, repeating it while the error is retriable."""
+        """Call a transactional method, repeating it while the error is retriable.
+
+        The order of the checks matters: a transaction that timed out on the broker bumps
+        the epoch, which surfaces as the abortable ``INVALID_PRODUCER_EPOCH``; it is an
+        abort-and-redo, not a fence.
+        """
         deadline = time.monotonic() + self.retry_for
         delay = 0.1
         while True:
@@ -119,13 +152,18 @@ class TransactionalProducer:
                 return
             except KafkaException as exc:
                 err: KafkaError = exc.args[0]
-                if err.fatal() or err.code() in _FENCED:
+                if err.fatal():
                     raise _fatal(err, what, self.transactional_id) from None
                 if err.txn_requires_abort():
                     raise
-                if not err.retriable() or time.monotonic() > deadline:
-                    raise ProducerFatalError(f"{what}: {err.name()}: {err.str()} (gave up after retrying)") from None
+                if err.code() in _FENCED:
+                    raise _fatal(err, what, self.transactional_id) from None
+                if not err.retriable():
+                    raise ProducerFatalError(f"{what}: {err.name()}: {err.str()}") from None
                 self._disturbed = self._disturbed or f"retriable {err.name()} in {what}"
+                if time.monotonic() > deadline:
+                    raise KafkaUnavailableError(
+                        f"{what}: Kafka answered {err.name()} ({err.str()}) for {self.retry_for:g} s") from None
                 log.warning("%s: retriable error %s; retrying in %.1fs", what, err.name(), delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
@@ -138,39 +176,53 @@ class TransactionalProducer:
         self._disturbed = None  # whatever happened before the fence cannot reach past it
 
     def produce(self, topic: str, *, key: bytes | None, value: bytes | None,
-                headers: list[tuple[str, str | bytes | None]] | None = None) -> None:
+                headers: list[tuple[str, str | bytes | None]] | None = None, partition: int = -1,
+                on_delivery: Delivery | None = None) -> None:
         while True:
             try:
-                self._producer.produce(topic, key=key, value=value, headers=headers)
+                if on_delivery is None:
+                    self._producer.produce(topic, value, key, partition, headers=headers)
+                else:
+                    self._producer.produce(topic, value, key, partition, on_delivery=on_delivery, headers=headers)
                 return
             except BufferError:
                 self._producer.poll(0.05)  # queue full: let deliveries drain
 
-    def run(self, body: Callable[[TransactionalProducer], None], *, what: str, timeout: float = 60.0,
-            max_attempts: int = 10) -> int:
-        """Run ``body`` (which produces) inside one transaction and commit it; returns the attempts used.
+    def flush(self, timeout: float) -> None:
+        """Wait for every produced message's delivery report (their callbacks run here)."""
+        deadline = time.monotonic() + timeout
+        while self._producer.flush(max(0.0, min(1.0, deadline - time.monotonic()))) > 0:
+            if time.monotonic() > deadline:
+                raise KafkaUnavailableError(f"{self.transactional_id}: messages not delivered within {timeout:g} s")
 
-        An abortable error aborts the transaction and runs ``body`` again from the start,
-        so ``body`` must produce the same messages each time.
+    def run(self, body: Callable[[TransactionalProducer], None], *, what: str, timeout: float = 60.0) -> None:
+        """Run ``body`` (which produces) inside one transaction and commit it.
+
+        An abortable error aborts the transaction and raises :class:`TransactionAbortedError`;
+        a commit whose outcome is unknown raises :class:`CommitOutcomeUnknownError`. Both
+        are the caller's to settle, never redone here: a redo belongs in a new producer
+        epoch, after a fence that may have found another instance's work, so only the
+        caller, which can read back what is committed, knows what is left to do.
         """
-        attempts = 0
-        while True:
-            attempts += 1
-            self._call("begin_transaction", self._producer.begin_transaction)
+        self._call("begin_transaction", self._producer.begin_transaction)
+        try:
+            body(self)
             try:
-                body(self)
-                self._call("commit_transaction", lambda: self._producer.commit_transaction(timeout))
-                return attempts
+                self._producer.commit_transaction(timeout)
             except KafkaException as exc:
-                err = exc.args[0]
-                if not err.txn_requires_abort():
-                    raise _fatal(err, what, self.transactional_id) from None
-                if attempts >= max_attempts:
-                    raise ProducerFatalError(f"{what}: aborted {attempts} times, last by {err.name()}: {err.str()}; "
-                                             "check the broker logs and that the topics exist") from None
-                log.warning("%s: transaction aborted (%s); redoing it, attempt %d", what, err.name(), attempts + 1)
-                self._disturbed = self._disturbed or f"abortable {err.name()} in {what}"
-                self._call("abort_transaction", lambda: self._producer.abort_transaction(timeout))
+                err: KafkaError = exc.args[0]
+                if err.fatal() or err.txn_requires_abort() or (err.code() in _FENCED):
+                    raise
+                self._disturbed = f"commit outcome unknown ({err.name()})"
+                raise CommitOutcomeUnknownError(
+                    f"{what}: commit_transaction failed with {err.name()} ({err.str()}); outcome unknown") from None
+        except KafkaException as exc:
+            err = exc.args[0]
+            if err.fatal() or not err.txn_requires_abort():
+                raise _fatal(err, what, self.transactional_id) from None
+            self._disturbed = self._disturbed or f"abortable {err.name()} in {what}"
+            self._call("abort_transaction", lambda: self._producer.abort_transaction(timeout))
+            raise TransactionAbortedError(f"{what}: transaction aborted by {err.name()} ({err.str()})") from None
 
     def close(self, timeout: float = 10.0) -> None:
         self._producer.flush(timeout)

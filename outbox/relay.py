@@ -1,35 +1,48 @@
-"""The outbox relay: committed outbox rows -> Kafka, one source transaction per Kafka transaction.
+"""The outbox relay: committed outbox rows -> Kafka, each source transaction inside one Kafka transaction.
 
-Steps of :meth:`Relay.run`, in order:
+Steps of :meth:`Relay.run`, in order, with what a crash right after each leaves behind
+(``TIDEMARK_CRASH_AT`` names them; docs/design.md has the full table):
 
 1. **Fence.** ``init_transactions()`` with ``transactional.id = tidemark-relay-<id>``.
    The broker completes or aborts the previous instance's open transaction and fences
-   that instance: anything it tries to commit from now on fails (G5).
-2. **Resume.** Read this relay's position, the end LSN of the last source transaction
-   it relayed, from the compacted offsets topic, read_committed and to its end. After
-   step 1 no transaction of an older instance is pending, so this is the true position.
-3. **Capture.** Stream from the replication slot (``outbox.capture``), which restarts at
-   the last position confirmed to the server, never after the true position. Source
+   that instance: anything it tries to commit from now on fails (G5). *fenced*: nothing new.
+2. **Resume.** Read this relay's position from the offsets topic (``outbox.position``):
+   the end LSN of the last source transaction relayed, and the stream it counts in. Read
+   past the high watermark seen after the fence, so no open transaction of another
+   producer hides it. *resumed*: nothing new.
+3. **Capture.** Connect to the slot, check the server is the position's stream (same
+   system, a timeline that did not fork before the position, a slot that exists, is
+   valid and has not confirmed past the position: ``outbox.source``), then stream; the
+   slot restarts at its last confirmed position, never after the true one. Source
    transactions arrive whole and in commit order.
-4. **Relay.** For each transaction past the position: begin a Kafka transaction;
-   produce its events (key ``aggregateid``, value the payload, headers from
-   ``outbox.headers``); produce the new position to the offsets topic; commit. Events and
-   position become visible together or not at all. Retriable errors are retried, an
-   abortable one aborts and redoes the same source transaction, a fatal one or being
-   fenced stops the relay (non-zero exit). A transaction at or before the position was
-   relayed before a crash and is only acknowledged (step 5). If the connection to Kafka
-   was disturbed since the last transaction (``connectors.producer``: without KIP-890 a
-   late request could join the next transaction), steps 1 and 2 run again first: a new
-   producer instance fences the old one, and the position is read again.
-5. **Acknowledge,** every ``ack_every`` transactions and when idle or stopping: delete
-   the relayed rows from the outbox table, then confirm the last relayed end LSN to the
-   slot so the server can recycle WAL. Rows are deleted only after their Kafka commit,
-   and the slot moves only after both, so a crash anywhere here makes step 3 resend
-   transactions that step 4 then skips and step 5 finishes.
+4. **Group.** Consecutive source transactions past the position join one group until
+   the linger, the event, byte or transaction limit, or an idle slot closes it
+   (``relay.group``). Never split: one larger than the limits goes alone. A transaction
+   with an event larger than Kafka takes is refused whole (``relay.on_oversized``),
+   before anything of it is produced.
+5. **Relay** the group as one Kafka transaction: its events (key ``aggregateid``, value
+   the payload, headers from ``outbox.headers``), then, from their delivery reports,
+   the manifest (``outbox.manifest``: each source transaction's exact spans), then the
+   new position, then commit. Events, manifest and position become visible together or
+   not at all. *produced*, *manifested*, *positioned*: an open transaction, aborted by
+   the next fence; the slot resends and it is relayed again. *committed*: all in Kafka;
+   the slot resends it and step 4 skips it by position (only step 6 is left).
+   An abortable error or a commit of unknown outcome (a timeout, a lost connection)
+   is never redone blindly: the relay fences again (a new producer epoch), reads its
+   position back and reopens the slot, so the group is relayed again only if it did not
+   commit. If the Kafka connection was disturbed since the last group
+   (``connectors.producer``: without KIP-890 a late request could join the next
+   transaction), steps 1 and 2 run again first.
+6. **Acknowledge,** every ``ack_every`` source transactions and when idle or stopping:
+   delete the relayed rows from the outbox table, then confirm the last relayed end LSN
+   to the slot so the server can recycle WAL. *deleted*: rows gone, slot behind: the
+   slot resends, step 4 skips, the delete repeats as a no-op. *confirmed*: done. The slot
+   never moves past the position in Kafka (step 3 relies on it).
 
-A source transaction with more than ``relay.max_transaction_events`` events stops the
-relay before anything of it is produced (the relay holds one transaction in memory to
-count its events per topic); raising the limit and restarting relays it whole.
+Kafka being unavailable (calls failing for ``relay.kafka_retry_seconds``) is not a
+reason to stop: the relay steps back, waits (doubling up to 30 s), and resumes from
+step 1. Only being fenced, a changed source stream, a refused event or bad configuration
+stop it (non-zero exit).
 """
 
 from __future__ import annotations
@@ -42,24 +55,52 @@ import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from connectors.producer import TransactionalProducer
-from connectors.topic_reader import read_to_end
+from confluent_kafka import KafkaError
+
+from connectors.producer import (
+    CommitOutcomeUnknownError,
+    KafkaUnavailableError,
+    ProducerFatalError,
+    TransactionAbortedError,
+    TransactionalProducer,
+)
 from outbox import headers as H
 from outbox.capture import Capture, SlotBusyError, SourceTransaction, TransactionTooLargeError
+from outbox.deadletter import OversizedEventError, acknowledged, dead_letter_events
+from outbox.manifest import Manifest, ManifestEntry
 from outbox.pgoutput import format_lsn
+from outbox.position import (
+    OFFSETS_TOPIC_CONFIG,
+    Position,
+    PositionUnreadableError,
+    Source,
+    offsets_partition,
+    read_position,
+)
 from outbox.schema import TableName
+from outbox.source import verify
 from tidemark.config import RelayConfig
-from tidemark.errors import ConfigError, TerminalError
+from tidemark.errors import ConfigError, ServiceUnavailableError, TerminalError
 
 log = logging.getLogger(__name__)
 
-CRASH_POINTS = ("fenced", "resumed", "produced", "committed", "deleted", "confirmed")
+CRASH_POINTS = ("fenced", "resumed", "produced", "manifested", "positioned", "committed", "deleted", "confirmed")
 
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+#: Bytes a record adds to its key, value and headers on the wire (record and batch headers), rounded up.
+RECORD_OVERHEAD = 512
+
+#: librdkafka's default ``message.max.bytes``; the producer refuses anything larger.
+PRODUCER_MESSAGE_MAX = 1_000_000
+
+#: Failed attempts at the same group, each after a fence and a fresh position, before the relay gives up.
+MAX_REDOS = 10
 
 
 def _crash_point(name: str) -> None:
@@ -68,66 +109,77 @@ def _crash_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-@dataclass(frozen=True)
-class Position:
-    end_lsn: int
-    xid: int
-    relayed_at: str
-
-    def to_json(self, relay_id: str) -> bytes:
-        return json.dumps({"relay": relay_id, "end_lsn": self.end_lsn, "end_lsn_text": format_lsn(self.end_lsn),
-                           "xid": self.xid, "relayed_at": self.relayed_at}).encode()
-
-
 @dataclass
 class RelayReport:
     transactions: int = 0
     events: int = 0
+    kafka_transactions: int = 0
+    """Groups committed (each one Kafka transaction)."""
     skipped: int = 0
     """Transactions redelivered by the slot that were already in Kafka."""
     deleted: int = 0
-    aborted_attempts: int = 0
+    dead_lettered: int = 0
+    """Source transactions moved to the dead letters instead of Kafka."""
+    redone: int = 0
+    """Groups relayed again after an abort or a commit of unknown outcome (each after a fence)."""
     refenced: int = 0
     """Times the producer was replaced after a disturbed connection (steps 1-2 again)."""
+    outages: int = 0
+    """Times Kafka was unavailable and the relay stepped back."""
     topics: Counter[str] = field(default_factory=Counter)
 
 
-def read_position(client_config: dict[str, Any], offsets_topic: str, relay_id: str,
-                  timeout: float = 30.0) -> Position | None:
-    """The newest committed position of ``relay_id`` in the offsets topic (read_committed, to its end)."""
-    found: Position | None = None
-    key = relay_id.encode()
-    for record in read_to_end(str(client_config["bootstrap.servers"]), offsets_topic, timeout=timeout,
-                              extra=client_config):
-        if record.key == key and record.value:
-            data = json.loads(record.value)
-            candidate = Position(int(data["end_lsn"]), int(data["xid"]), str(data["relayed_at"]))
-            if found is None or candidate.end_lsn > found.end_lsn:
-                found = candidate
-    return found
+@dataclass
+class Group:
+    """Consecutive source transactions bound for one Kafka transaction (step 4)."""
+
+    txns: list[SourceTransaction] = field(default_factory=list)
+    dead: set[int] = field(default_factory=set)
+    """Indexes of ``txns`` that go to the dead letters, not to Kafka."""
+    events: int = 0
+    size: int = 0
+    opened: float = 0.0
+
+    def add(self, txn: SourceTransaction, *, dead: bool = False) -> None:
+        if not self.txns:
+            self.opened = time.monotonic()
+        if dead:
+            self.dead.add(len(self.txns))
+        self.txns.append(txn)
+        self.events += len(txn.events)
+        self.size += txn.size
+
+    @property
+    def end_lsn(self) -> int:
+        return self.txns[-1].end_lsn
 
 
 class Relay:
-    def __init__(self, relay: RelayConfig, *, dsn: str, client_config: dict[str, Any], replication_factor: int = 1,
-                 topic_partitions: int = 3) -> None:
+    def __init__(self, relay: RelayConfig, *, dsn: str, client_config: dict[str, Any],
+                 replication_factor: int | None = None, topic_partitions: int | None = None) -> None:
         self.config = relay
         self.dsn = dsn
         self.client_config = client_config
-        self.replication_factor = replication_factor
-        self.topic_partitions = topic_partitions
+        self.replication_factor = replication_factor or relay.replication_factor
+        self.topic_partitions = topic_partitions or relay.topic_partitions
         self.table = TableName.parse(relay.table)
-        self.transactional_id = f"tidemark-relay-{relay.id}"
+        self.dead_letters = TableName.parse(relay.dead_letter_table)
+        self.transactional_id = relay.transactional_id
         self.report = RelayReport()
         self._known_topics: set[str] = set()
+        self._limits: dict[str, int] = {}
+        self._routes: dict[bytes, str] = {}
         self._db = None
-        self._pending_ids: list[str] = []
+        self._pending_ids: list[bytes] = []
         self._pending_lsn: int | None = None
         self._unacked = 0
+        self._offsets_partition = 0
 
     # -- set-up ------------------------------------------------------------------
 
     def _ensure_topics(self, topics: set[str], *, compacted: bool = False) -> None:
-        from confluent_kafka.admin import AdminClient, NewTopic
+        """Create missing topics (shape from the config, else the cluster's defaults); learn each one's size limit."""
+        from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
         missing = topics - self._known_topics
         if not missing:
@@ -138,9 +190,11 @@ class Relay:
                                   "map its aggregate type to a valid topic under relay.routes")
         admin = AdminClient(self.client_config)
         existing = set(admin.list_topics(timeout=15).topics)
-        create = [NewTopic(t, 1 if compacted else self.topic_partitions, self.replication_factor,
-                           config={"cleanup.policy": "compact"} if compacted else {})
-                  for t in sorted(missing - existing)]
+        config: dict[str, str] = dict(OFFSETS_TOPIC_CONFIG) if compacted else {}
+        if self.config.min_insync_replicas is not None:
+            config["min.insync.replicas"] = str(self.config.min_insync_replicas)
+        create = [NewTopic(t, 1 if compacted else (self.topic_partitions or -1), self.replication_factor or -1,
+                           config=config) for t in sorted(missing - existing)]
         if create:
             for topic, future in admin.create_topics(create).items():
                 try:
@@ -149,6 +203,15 @@ class Relay:
                 except Exception as exc:  # noqa: BLE001 - a rival relay may have created it
                     if "TOPIC_ALREADY_EXISTS" not in str(exc):
                         raise TerminalError(f"cannot create topic {topic}: {exc}; create it or grant CreateTopics")
+        resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in sorted(missing)]
+        for resource, future in admin.describe_configs(resources).items():
+            try:
+                entry = future.result(30).get("max.message.bytes")
+                topic_limit = int(entry.value) if entry is not None and entry.value else PRODUCER_MESSAGE_MAX
+            except Exception:  # noqa: BLE001 - no DescribeConfigs right: the producer's limit still holds
+                topic_limit = PRODUCER_MESSAGE_MAX
+            producer_limit = int(self.client_config.get("message.max.bytes", PRODUCER_MESSAGE_MAX))
+            self._limits[resource.name] = min(topic_limit, producer_limit)
         self._known_topics |= missing
 
     def _connect_db(self):  # type: ignore[no-untyped-def]
@@ -159,65 +222,177 @@ class Relay:
             self._db.autocommit = True
         return self._db
 
-    def _open_capture(self, stop: threading.Event) -> Capture:
-        """Open the slot, waiting out a fenced predecessor that still holds it."""
+    def _open_capture(self, stop: threading.Event, position: Position | None) -> Capture:
+        """Step 3: connect, check the stream against the position, then stream (waiting out a fenced predecessor)."""
         capture = Capture(self.dsn, slot=self.config.slot_name, publication=self.config.publication_name,
-                          table=self.table, max_events=self.config.max_transaction_events)
+                          table=self.table, max_events=self.config.max_transaction_events,
+                          max_bytes=int(self.config.max_transaction_bytes), application_name=self.transactional_id)
         deadline = time.monotonic() + 120
         while True:
+            source = capture.connect()
+            slot = capture.slot_state()
+            recorded = position.source if position else None
+            fork = None
+            if recorded is not None and recorded.timeline < source.timeline:
+                fork = capture.fork_point(recorded.timeline)
             try:
-                capture.open()
+                verify(position, source, slot, fork)
+            except TerminalError:
+                capture.close()
+                raise
+            try:
+                capture.start()
                 return capture
             except SlotBusyError as busy:
                 if time.monotonic() > deadline or stop.is_set():
                     raise
-                # Step 1 fenced its holder in Kafka; end its session so the slot frees up now.
-                if busy.pid:
-                    log.warning("slot %s held by server process %d (a fenced relay); terminating that session",
-                                self.config.slot_name, busy.pid)
-                    with self._connect_db().cursor() as cur:
-                        cur.execute("SELECT pg_terminate_backend(%s)", (busy.pid,))
+                self._end_fenced_session(busy)
                 time.sleep(0.5)
 
-    # -- steps 4 and 5 ------------------------------------------------------------
+    def _end_fenced_session(self, busy: SlotBusyError) -> None:
+        """End the session holding the slot if it is a relay with this id (step 1 fenced it); else wait."""
+        if not busy.pid:
+            return
+        with self._connect_db().cursor() as cur:
+            cur.execute("SELECT application_name FROM pg_stat_activity WHERE pid = %s", (busy.pid,))
+            row = cur.fetchone()
+            if row is None:
+                return  # gone already
+            if row[0] != self.transactional_id:
+                raise SlotBusyError(self.config.slot_name, busy.pid, holder=row[0])
+            log.warning("slot %s held by server process %d (a fenced relay with this id); ending that session",
+                        self.config.slot_name, busy.pid)
+            cur.execute("SELECT pg_terminate_backend(%s)", (busy.pid,))
 
-    def _messages(self, txn: SourceTransaction) -> list[tuple[str, bytes, bytes | None, list[tuple[str, str | bytes | None]]]]:
-        topics = [self.config.topic_for(e.aggregatetype) for e in txn.events]
+    # -- step 4: what goes where -------------------------------------------------------
+
+    def _topic(self, aggregatetype: bytes) -> str:
+        topic = self._routes.get(aggregatetype)
+        if topic is None:
+            topic = self._routes[aggregatetype] = self.config.topic_for(aggregatetype.decode())
+        return topic
+
+    def _oversized(self, txn: SourceTransaction) -> tuple[bytes, str, int, int] | None:
+        """The first event of ``txn`` larger than its topic takes: (event id, topic, size, limit), or None."""
+        topics = {self._topic(e.aggregatetype) for e in txn.events}
+        self._ensure_topics(topics)
+        header_bytes = 200 + 2 * len(str(txn.xid)) + 64 * len(topics)  # the tidemark.* headers, generously
+        for e in txn.events:
+            topic = self._topic(e.aggregatetype)
+            size = e.size + header_bytes + RECORD_OVERHEAD
+            if size > self._limits[topic]:
+                return e.id, topic, size, self._limits[topic]
+        return None
+
+    def _admit(self, txn: SourceTransaction) -> bool:
+        """Whether ``txn`` goes to Kafka (True) or to the dead letters (False); raises if it may do neither."""
+        big = self._oversized(txn)
+        if big is None:
+            return True
+        event, topic, size, limit = big
+        ids = [e.id.decode() for e in txn.events]
+        reason = (f"event {event.decode()} is about {size} bytes; {topic} takes at most {limit} "
+                  "(the producer's message.max.bytes and the topic's max.message.bytes)")
+        with self._connect_db().cursor() as cur:
+            if acknowledged(cur, self.dead_letters, ids):
+                log.warning("source transaction %d (commit LSN %s): acknowledged as dead letters (%s); skipping it",
+                            txn.xid, format_lsn(txn.commit_lsn), reason)
+                return False
+            if self.config.on_oversized == "dead_letter":
+                dead_letter_events(cur, self.table, self.dead_letters, ids, reason)
+                log.error("ALERT relay %s: source transaction %d (commit LSN %s, %d events) moved to %s: %s",
+                          self.config.id, txn.xid, format_lsn(txn.commit_lsn), len(ids), self.dead_letters, reason)
+                return False
+        raise OversizedEventError(
+            f"source transaction {txn.xid} (commit LSN {format_lsn(txn.commit_lsn)}): {reason}. Nothing of it was "
+            f"produced and the position stops before it. Either raise the limits and restart, or move the whole "
+            f"transaction to {self.dead_letters} with `tidemark relay dead-letter --xid {txn.xid}` and restart "
+            "(relay.on_oversized: dead_letter does that by itself)")
+
+    def _messages(self, txn: SourceTransaction) -> Iterator[tuple[str, bytes, bytes | None, list[Any]]]:
+        """(topic, key, value, headers) of each event, built as it is produced: the transaction is held once."""
+        topics = [self._topic(e.aggregatetype) for e in txn.events]
         counts = Counter(topics)
-        self._ensure_topics(set(counts))
-        shared: list[tuple[str, str | bytes | None]] = [(H.TXID, str(txn.xid).encode()), (H.LSN, format_lsn(txn.commit_lsn).encode()),
+        shared = [(H.TXID, str(txn.xid).encode()), (H.LSN, format_lsn(txn.commit_lsn).encode()),
                   (H.SIZE, str(len(txn.events)).encode()),
                   (H.TOPIC_COUNTS, json.dumps(dict(sorted(counts.items())), separators=(",", ":")).encode())]
-        return [
-            (topic, e.aggregateid.encode(), None if e.payload is None else e.payload.encode(),
-             [(H.EVENT_ID, e.id.encode()), (H.EVENT_TYPE, e.type.encode()), *shared,
-              (H.POSITION, str(i).encode())])
-            for i, (topic, e) in enumerate(zip(topics, txn.events, strict=True))
-        ]
+        for i, (topic, e) in enumerate(zip(topics, txn.events, strict=True)):
+            yield topic, e.aggregateid, e.payload, [(H.EVENT_ID, e.id), (H.EVENT_TYPE, e.type), *shared,
+                                                    (H.POSITION, str(i).encode())]
 
-    def _relay(self, producer: TransactionalProducer, txn: SourceTransaction) -> Position:
-        messages = self._messages(txn)
-        position = Position(txn.end_lsn, txn.xid, datetime.now(UTC).isoformat())
+    # -- step 5 ------------------------------------------------------------------------
+
+    def _relay(self, producer: TransactionalProducer, group: Group, source: Source | None) -> Position:
+        """One Kafka transaction: the group's events, its manifest, its position."""
+        last = group.txns[-1]
+        position = Position(last.end_lsn, last.xid, datetime.now(UTC).isoformat(), source)
+        spans: list[dict[tuple[str, int], list[int]]] = [{} for _ in group.txns]
+        failed: list[str] = []
+
+        def recorder(into: dict[tuple[str, int], list[int]]) -> Callable[[Any, Any], None]:
+            def delivered(err: Any, msg: Any) -> None:
+                if err is not None:
+                    failed.append(f"{msg.topic()}: {err.name() if isinstance(err, KafkaError) else err}")
+                    return
+                at, offset = into.get((msg.topic(), msg.partition())), msg.offset()
+                if at is None:
+                    into[(msg.topic(), msg.partition())] = [offset, offset]
+                else:
+                    at[0], at[1] = min(at[0], offset), max(at[1], offset)
+            return delivered
 
         def body(p: TransactionalProducer) -> None:
-            for topic, key, value, hdrs in messages:
-                p.produce(topic, key=key, value=value, headers=hdrs)
-            p.produce(self.config.offsets_topic, key=self.config.id.encode(), value=position.to_json(self.config.id))
+            for i, txn in enumerate(group.txns):
+                if i in group.dead:
+                    continue
+                record = recorder(spans[i])
+                for topic, key, value, headers in self._messages(txn):
+                    p.produce(topic, key=key, value=value, headers=headers, on_delivery=record)
             _crash_point("produced")
+            p.flush(self.config.transaction_timeout_ms / 1000)
+            if failed:
+                raise TransactionAbortedError(f"{len(failed)} event(s) not delivered, e.g. {failed[0]}")
+            manifest = Manifest(self.config.id, format_lsn(position.end_lsn), tuple(
+                ManifestEntry(f"{format_lsn(t.commit_lsn)}/{t.xid}", len(t.events),
+                              tuple(sorted((tp[0], tp[1], a, b) for tp, (a, b) in spans[i].items())), i in group.dead)
+                for i, t in enumerate(group.txns) if t.events))
+            p.produce(self.config.manifest_topic, key=self.config.id.encode(), value=manifest.encode())
+            _crash_point("manifested")
+            p.produce(self.config.offsets_topic, key=self.config.id.encode(), value=position.to_json(self.config.id),
+                      partition=self._offsets_partition)
+            _crash_point("positioned")
 
-        attempts = producer.run(body, what=f"relaying transaction {txn.xid}",
-                                timeout=self.config.transaction_timeout_ms / 1000)
+        producer.run(body, what=f"relaying {len(group.txns)} source transaction(s) up to {format_lsn(last.end_lsn)}",
+                     timeout=self.config.transaction_timeout_ms / 1000)
         _crash_point("committed")
-        self.report.aborted_attempts += attempts - 1
-        self.report.topics.update(m[0] for m in messages)
+        self.report.kafka_transactions += 1
+        for i, txn in enumerate(group.txns):
+            if i in group.dead:
+                self.report.dead_lettered += 1
+            elif txn.events:
+                self.report.transactions += 1
+                self.report.events += len(txn.events)
+        self.report.topics.update(self._topic(e.aggregatetype) for i, t in enumerate(group.txns)
+                                  if i not in group.dead for e in t.events)
+        log.debug("relayed %d source transaction(s), %d events, up to %s", len(group.txns), group.events,
+                  format_lsn(last.end_lsn))
         return position
+
+    # -- step 6 ------------------------------------------------------------------------
+
+    def _pend(self, txns: list[SourceTransaction]) -> None:
+        for txn in txns:
+            self._pending_ids += [e.id for e in txn.events]
+            self._pending_lsn = txn.end_lsn
+            self._unacked += 1
 
     def _acknowledge(self, capture: Capture) -> None:
         if self._pending_lsn is None:
             return
         if self._pending_ids:
             with self._connect_db().cursor() as cur:
-                cur.execute(f"DELETE FROM {self.table.sql} WHERE id = ANY(%s::uuid[])", (self._pending_ids,))
+                cur.execute(f"DELETE FROM {self.table.sql} WHERE id = ANY(%s::uuid[])",
+                            ([i.decode() for i in self._pending_ids],))
                 self.report.deleted += cur.rowcount
             _crash_point("deleted")
         capture.confirm(self._pending_lsn)
@@ -225,75 +400,151 @@ class Relay:
         log.debug("acknowledged up to %s", format_lsn(self._pending_lsn))
         self._pending_ids, self._pending_lsn, self._unacked = [], None, 0
 
-    # -- the loop -------------------------------------------------------------------
+    # -- the loop ----------------------------------------------------------------------
 
     def run(self, stop: threading.Event, *, idle_exit: float | None = None) -> RelayReport:
         """Relay until ``stop`` is set (or, with ``idle_exit``, until nothing arrives for that long)."""
+        delay, redos, committed = 1.0, 0, -1
+        while not stop.is_set():
+            try:
+                self._session(stop, idle_exit)
+                return self.report
+            except (KafkaUnavailableError, PositionUnreadableError, ServiceUnavailableError) as outage:
+                self.report.outages += 1
+                log.warning("Kafka unavailable (%s); the relay steps back for %.0f s and resumes by itself "
+                            "(the slot keeps every transaction not yet acknowledged)", outage, delay)
+                stop.wait(delay)
+                delay = min(delay * 2, 30.0)
+            except (TransactionAbortedError, CommitOutcomeUnknownError) as error:
+                redos = 1 if self.report.kafka_transactions != committed else redos + 1
+                committed = self.report.kafka_transactions
+                if redos > MAX_REDOS:
+                    raise ProducerFatalError(f"the same group failed {redos} times in a row, last: {error}; "
+                                             "check the broker logs, topic ACLs and limits") from error
+                self.report.redone += 1
+                log.warning("%s; fencing again and reading the position back before relaying anything more", error)
+        return self.report
+
+    def _session(self, stop: threading.Event, idle_exit: float | None) -> None:
+        """Steps 1-6 until stopped or idle; a Kafka failure ends the session (``run`` starts the next)."""
         import psycopg2
 
         producer = TransactionalProducer({
             **self.client_config, "transactional.id": self.transactional_id,
-            "transaction.timeout.ms": self.config.transaction_timeout_ms, "linger.ms": 1})
-        producer.init()                                                   # step 1
-        _crash_point("fenced")
-        self._ensure_topics({self.config.offsets_topic}, compacted=True)
-        position = read_position(self.client_config, self.config.offsets_topic, self.config.id)  # step 2
-        log.info("relay %s resumes after %s", self.config.id, format_lsn(position.end_lsn) if position else "the start")
-        _crash_point("resumed")
+            "transaction.timeout.ms": self.config.transaction_timeout_ms, "linger.ms": 5},
+            retry_for=self.config.kafka_retry_seconds)
         capture: Capture | None = None
-        idle_since = time.monotonic()
+        self._pending_ids, self._pending_lsn, self._unacked = [], None, 0
         try:
+            producer.init()                                                    # step 1
+            _crash_point("fenced")
+            self._ensure_topics({self.config.offsets_topic}, compacted=True)
+            self._ensure_topics({self.config.manifest_topic})
+            position = self._resume()                                          # step 2
+            _crash_point("resumed")
+            group = Group()
+            idle_since = time.monotonic()
+            linger = self.config.group.linger_ms / 1000
             while not stop.is_set():
                 try:
                     if capture is None:
-                        capture = self._open_capture(stop)                # step 3
+                        capture = self._open_capture(stop, position)          # step 3
+                    wait = max(0.0, group.opened + linger - time.monotonic()) if group.txns else 0.5
                     try:
-                        txn = capture.next_transaction(timeout=0.5)
+                        txn = capture.next_transaction(timeout=wait)
                     except TransactionTooLargeError:
+                        if group.txns:
+                            position = self._flush(producer, group, capture, position)
                         self._acknowledge(capture)  # what was relayed before it stays done
                         raise
                     if txn is None:
-                        self._acknowledge(capture)
+                        if group.txns:
+                            position = self._flush(producer, group, capture, position)  # step 5
+                            group = Group()
+                            continue
+                        self._acknowledge(capture)                             # step 6, idle
                         if idle_exit is not None and time.monotonic() - idle_since > idle_exit:
                             break
                         continue
                     idle_since = time.monotonic()
-                    if txn.events and producer.disturbed:
-                        position = self._refence(producer)               # steps 1-2 again
-                    if (position is not None and txn.end_lsn <= position.end_lsn) or not txn.events:
-                        self.report.skipped += bool(txn.events)
-                    else:
-                        position = self._relay(producer, txn)            # step 4
-                        self.report.transactions += 1
-                        self.report.events += len(txn.events)
-                        log.info("relayed txid %d: %d events, commit LSN %s", txn.xid, len(txn.events),
-                                 format_lsn(txn.commit_lsn))
-                    self._pending_ids += [e.id for e in txn.events]
-                    self._pending_lsn = txn.end_lsn
-                    self._unacked += 1
-                    if self._unacked >= self.config.ack_every:
-                        self._acknowledge(capture)                       # step 5
+                    if position is not None and txn.end_lsn <= position.end_lsn:
+                        self.report.skipped += bool(txn.events)  # redelivered: already in Kafka
+                        self._pend([txn])
+                        continue
+                    limits = self.config.group
+                    if group.txns and (group.events + len(txn.events) > limits.max_events
+                                       or group.size + txn.size > limits.max_bytes
+                                       or len(group.txns) >= limits.max_transactions):
+                        position = self._flush(producer, group, capture, position)
+                        group = Group()
+                    try:
+                        admitted = self._admit(txn) if txn.events else True      # step 4
+                    except OversizedEventError:
+                        if group.txns:
+                            position = self._flush(producer, group, capture, position)
+                        self._acknowledge(capture)
+                        raise
+                    group.add(txn, dead=not admitted)
+                    if (time.monotonic() - group.opened >= linger or group.events >= limits.max_events
+                            or group.size >= limits.max_bytes or len(group.txns) >= limits.max_transactions):
+                        position = self._flush(producer, group, capture, position)
+                        group = Group()
                 except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
                     # PostgreSQL restarting or the session ended: reconnect and resume from the slot.
                     # Unacknowledged transactions come again and are skipped by position.
                     log.warning("PostgreSQL connection lost (%s); reconnecting", str(exc).strip().splitlines()[0])
                     if capture is not None:
                         capture.close()
-                    capture = None
+                    capture, group = None, Group()
                     self._db = None
                     self._pending_ids, self._pending_lsn, self._unacked = [], None, 0
                     stop.wait(1.0)
                     # Still ours? A newer relay may have fenced us and ended our session.
                     self._probe_ownership(producer, position)
             if capture is not None:
+                if group.txns:
+                    self._flush(producer, group, capture, position)
                 self._acknowledge(capture)
         finally:
             if capture is not None:
                 capture.close()
             if self._db is not None:
                 self._db.close()
+                self._db = None
             producer.close()
-        return self.report
+
+    def _flush(self, producer: TransactionalProducer, group: Group, capture: Capture,
+               position: Position | None) -> Position | None:
+        """Step 5 for ``group`` (after a fence, if the connection was disturbed), then step 6 when due."""
+        if producer.disturbed:
+            position = self._refence(producer)                                 # steps 1-2 again
+            done = [t for t in group.txns if position is not None and t.end_lsn <= position.end_lsn]
+            if done:  # another instance with this id relayed them meanwhile
+                self.report.skipped += sum(1 for t in done if t.events)
+                self._pend(done)
+                group.txns = group.txns[len(done):]
+                group.dead = {i - len(done) for i in group.dead if i >= len(done)}
+            if not group.txns:
+                return position
+        position = self._relay(producer, group, capture.source)                # step 5
+        self._pend(group.txns)
+        if self._unacked >= self.config.ack_every:
+            self._acknowledge(capture)                                         # step 6
+        return position
+
+    def _resume(self) -> Position | None:
+        position = read_position(self.client_config, self.config.offsets_topic, self.config.id,
+                                 wait=2 * self.config.transaction_timeout_ms / 1000 + 30)
+        # Where read_position looks: an offsets topic made elsewhere may have more than one partition.
+        self._offsets_partition = offsets_partition(self.config.id, self._partitions(self.config.offsets_topic) or 1)
+        log.info("relay %s resumes after %s", self.config.id, format_lsn(position.end_lsn) if position else "the start")
+        return position
+
+    def _partitions(self, topic: str) -> int:
+        from confluent_kafka.admin import AdminClient
+
+        metadata = AdminClient(self.client_config).list_topics(topic, timeout=15).topics.get(topic)
+        return len(metadata.partitions) if metadata is not None and metadata.error is None else 0
 
     def _refence(self, producer: TransactionalProducer) -> Position | None:
         """A new producer instance (epoch bump), then the position as the topics now say.
@@ -303,9 +554,8 @@ class Relay:
         """
         producer.renew()
         self.report.refenced += 1
-        position = read_position(self.client_config, self.config.offsets_topic, self.config.id)
-        log.info("relay %s fenced in again; resumes after %s", self.config.id,
-                 format_lsn(position.end_lsn) if position else "the start")
+        position = self._resume()
+        log.info("relay %s fenced in again", self.config.id)
         return position
 
     def _probe_ownership(self, producer: TransactionalProducer, position: Position | None) -> None:
@@ -315,30 +565,35 @@ class Relay:
         """
         current = position or Position(0, 0, datetime.now(UTC).isoformat())
         producer.run(lambda p: p.produce(self.config.offsets_topic, key=self.config.id.encode(),
-                                         value=current.to_json(self.config.id)),
+                                         value=current.to_json(self.config.id), partition=self._offsets_partition),
                      what="checking this relay still owns its id")
 
 
 def relay_status(relay: RelayConfig, *, dsn: str, client_config: dict[str, Any]) -> dict[str, str]:
-    """Position, slot state and lag (events not yet relayed, age of the oldest)."""
+    """Position, slot state and lag (events not yet relayed, age of the oldest); Kafka being down is a state."""
     import psycopg2
 
     table = TableName.parse(relay.table)
-    position = read_position(client_config, relay.offsets_topic, relay.id)
-    status = {"relay": relay.id, "position": format_lsn(position.end_lsn) if position else "(none yet)",
-              "last relayed at": position.relayed_at if position else "-"}
+    try:
+        position = read_position(client_config, relay.offsets_topic, relay.id, wait=5)
+        status = {"relay": relay.id, "position": format_lsn(position.end_lsn) if position else "(none yet)",
+                  "last relayed at": position.relayed_at if position else "-"}
+    except (ServiceUnavailableError, PositionUnreadableError) as exc:
+        status = {"relay": relay.id, "position": f"(Kafka unavailable: {exc})", "last relayed at": "?"}
     conn = psycopg2.connect(dsn)
     try:
         with conn.cursor() as cur:
-            cur.execute("SELECT active, active_pid, confirmed_flush_lsn::text, "
-                        "pg_size_pretty(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)) "
-                        "FROM pg_replication_slots WHERE slot_name = %s", (relay.slot_name,))
-            slot = cur.fetchone()
-            if slot is None:
+            cur.execute("SELECT to_jsonb(s), pg_size_pretty(pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)) "
+                        "FROM pg_replication_slots s WHERE slot_name = %s", (relay.slot_name,))
+            row = cur.fetchone()
+            if row is None:
                 raise ConfigError(f"replication slot {relay.slot_name!r} does not exist: run `tidemark outbox init`")
-            status["slot"] = f"{relay.slot_name} ({'active, pid ' + str(slot[1]) if slot[0] else 'inactive'})"
-            status["slot confirmed"] = str(slot[2])
-            status["WAL retained"] = str(slot[3])
+            slot, retained = row[0], row[1]
+            active = f"active, pid {slot['active_pid']}" if slot.get("active") else "inactive"
+            invalid = slot.get("invalidation_reason") or ("WAL lost" if slot.get("wal_status") == "lost" else None)
+            status["slot"] = f"{relay.slot_name} ({active}{', INVALIDATED: ' + invalid if invalid else ''})"
+            status["slot confirmed"] = str(slot.get("confirmed_flush_lsn"))
+            status["WAL retained"] = str(retained)
             cur.execute(f"SELECT count(*), EXTRACT(EPOCH FROM now() - min(created_at)) FROM {table.sql}")
             pending, age = cur.fetchone()
             status["lag (events)"] = str(pending)

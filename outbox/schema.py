@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from tidemark.errors import ConfigError
+from tidemark.errors import ConfigError, TerminalError
 
 OUTBOX_COLUMNS = ("id", "aggregatetype", "aggregateid", "type", "payload")
 
@@ -60,8 +60,19 @@ def _ddl(table: TableName) -> list[str]:
     ]
 
 
-def init_outbox(dsn: str, *, table: TableName, publication: str, slot: str) -> list[str]:
-    """Create the table, the publication and the slot where missing; returns what was created."""
+class SlotMissingError(TerminalError):
+    """The outbox table exists but its replication slot does not: creating one now would lose rows."""
+
+
+def init_outbox(dsn: str, *, table: TableName, publication: str, slot: str, create_slot: bool = True) -> list[str]:
+    """Create the table, the publication and the slot where missing; returns what was created.
+
+    A missing slot is created only together with a new table. Beside an existing table it
+    would start at the current LSN, and rows committed while no slot existed would never
+    be relayed: :class:`SlotMissingError` points at ``--reset-relay`` (``outbox.reset``),
+    which creates the slot and requeues those rows. ``create_slot=False`` leaves the slot
+    to that reset.
+    """
     import psycopg2
 
     for name in (publication, slot):
@@ -78,7 +89,8 @@ def init_outbox(dsn: str, *, table: TableName, publication: str, slot: str) -> l
                 raise ConfigError(f"PostgreSQL has wal_level={level}; the relay needs logical decoding: "
                                   "ALTER SYSTEM SET wal_level = logical, then restart the server")
             cur.execute("SELECT to_regclass(%s)", (table.sql,))
-            if cur.fetchone()[0] is None:
+            new_table = cur.fetchone()[0] is None
+            if new_table:
                 created.append(f"table {table}")
             for statement in _ddl(table):
                 cur.execute(statement)
@@ -88,7 +100,15 @@ def init_outbox(dsn: str, *, table: TableName, publication: str, slot: str) -> l
                 created.append(f"publication {publication}")
             cur.execute("SELECT plugin FROM pg_replication_slots WHERE slot_name = %s", (slot,))
             row = cur.fetchone()
-            if row is None:
+            if row is None and not create_slot:
+                pass
+            elif row is None and not new_table:
+                raise SlotMissingError(
+                    f"replication slot {slot!r} does not exist but the outbox table {table} does: a slot made now "
+                    "would start at the current LSN, and rows committed while none existed would never be relayed. "
+                    "Run `tidemark outbox init --reset-relay`: it creates the slot, requeues the rows that remain "
+                    "and moves the relay's position to the new slot (docs/operations.md, 'Relay recovery')")
+            elif row is None:
                 cur.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
                 created.append(f"replication slot {slot}")
             elif row[0] != "pgoutput":

@@ -27,6 +27,7 @@ import yaml
 
 from connectors.topic_reader import Record, read_to_end
 from outbox import headers as H
+from outbox.manifest import Manifest
 from outbox.pgoutput import parse_lsn
 from outbox.schema import TableName, add_event, init_outbox
 
@@ -42,6 +43,7 @@ class RelaySetup:
     table: str
     prefix: str
     offsets_topic: str
+    manifest_topic: str
     config: Path
     tmp: Path
 
@@ -50,11 +52,12 @@ class RelaySetup:
         run = uuid.uuid4().hex[:8]
         relay_id, table, prefix = f"r-{run}", f"public.outbox_{run}", f"relaytest.{run}"
         body = {"id": relay_id, "table": table, "topic": prefix + ".{aggregatetype}",
-                "offsets_topic": f"relaytest.{run}.offsets", **relay}
+                "offsets_topic": f"relaytest.{run}.offsets", "manifest_topic": f"relaytest.{run}.manifest",
+                "topic_partitions": 3, **relay}
         config = tmp / "tidemark.yaml"
         config.write_text(yaml.safe_dump({"kafka": {"bootstrap_servers": bootstrap},
                                           "postgres": {"dsn": dsn}, "relay": body}))
-        setup = cls(dsn, bootstrap, relay_id, table, prefix, body["offsets_topic"], config, tmp)
+        setup = cls(dsn, bootstrap, relay_id, table, prefix, body["offsets_topic"], body["manifest_topic"], config, tmp)
         init_outbox(dsn, table=TableName.parse(table), publication=f"tidemark_r_{run}", slot=f"tidemark_r_{run}")
         with setup.connect() as conn, conn.cursor() as cur:
             cur.execute(f"CREATE TABLE {setup.keys_table} (key text PRIMARY KEY, seq bigint NOT NULL)")
@@ -107,10 +110,14 @@ class RelaySetup:
         from confluent_kafka.admin import AdminClient
 
         names = AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(timeout=10).topics
-        return sorted(t for t in names if t.startswith(self.prefix + ".") and t != self.offsets_topic)
+        return sorted(t for t in names if t.startswith(self.prefix + ".")
+                      and t not in (self.offsets_topic, self.manifest_topic))
 
     def records(self) -> list[Record]:
         return [r for t in self.event_topics() for r in read_to_end(self.bootstrap, t)]
+
+    def manifests(self) -> list[Manifest]:
+        return [Manifest.decode(r.value or b"") for r in read_to_end(self.bootstrap, self.manifest_topic)]
 
     def outbox_rows(self) -> int:
         with self.connect() as conn, conn.cursor() as cur:
@@ -260,28 +267,41 @@ def assert_relayed_exactly_once(setup: RelaySetup, committed: list[SourceTxn], r
         assert {header(r, H.TOPIC_COUNTS) for r in group} == {json.dumps(dict(sorted(counts.items())),
                                                                            separators=(",", ":"))}
 
-    # One source transaction = one Kafka transaction: in a partition a Kafka transaction is a
-    # run of consecutive offsets closed by its commit marker, so every run holds one commit
-    # LSN and every (partition, LSN) one run.
-    runs: dict[tuple[str, int, str], int] = defaultdict(int)
+    # Each source transaction inside one Kafka transaction: in a partition a Kafka transaction
+    # is a run of consecutive offsets closed by its commit marker (which takes an offset), so
+    # a source transaction's events there must be one gap-free run. Group commit puts several
+    # source transactions in one Kafka transaction, so a run may hold several, in commit order.
     partitions: dict[tuple[str, int], list[Record]] = defaultdict(list)
     for r in records:
         partitions[(r.topic, r.partition)].append(r)
     for (topic, partition), recs in partitions.items():
-        recs.sort(key=lambda r: r.offset)
-        previous: Record | None = None
+        by_txn: dict[str, list[int]] = defaultdict(list)
         for r in recs:
-            if previous is None or r.offset != previous.offset + 1:
-                runs[(topic, partition, header(r, H.LSN))] += 1
-            else:
-                assert header(r, H.LSN) == header(previous, H.LSN), (
-                    f"{topic}:{partition} offsets {previous.offset}-{r.offset} mix two source transactions "
-                    f"in one Kafka transaction (txid {header(previous, H.TXID)} at LSN "
-                    f"{header(previous, H.LSN)}, then txid {header(r, H.TXID)} at {header(r, H.LSN)}); "
-                    f"the relay's warnings:\n{setup.warnings()}")
-            previous = r
-    split = {k: n for k, n in runs.items() if n > 1}
-    assert not split, f"source transactions spread over several Kafka transactions: {list(split)[:3]}"
+            by_txn[header(r, H.LSN)].append(r.offset)
+        for lsn, offsets in by_txn.items():
+            offsets.sort()
+            assert offsets == list(range(offsets[0], offsets[0] + len(offsets))), (
+                f"{topic}:{partition}: source transaction at LSN {lsn} is split over Kafka transactions "
+                f"(offsets {offsets[:10]}...); the relay's warnings:\n{setup.warnings()}")
+    # And across partitions: one manifest entry per source transaction, whose spans are exactly
+    # where its events are (the manifest commits with them, so it names one Kafka transaction).
+    entries: dict[str, list[tuple[str, int, int, int]]] = defaultdict(list)
+    events_of: dict[str, int] = {}
+    for manifest in setup.manifests():
+        for entry in manifest.entries:
+            assert entry.txn not in events_of, f"source transaction {entry.txn} in two manifest records"
+            events_of[entry.txn] = entry.events
+            entries[entry.txn] = list(entry.spans)
+    for txn in committed:
+        got = [by_id[e[0]] for e in txn.events]
+        name = f"{header(got[0], H.LSN)}/{txn.xid}"
+        where: dict[tuple[str, int], list[int]] = defaultdict(list)
+        for r in got:
+            where[(r.topic, r.partition)].append(r.offset)
+        actual = sorted((t, p, min(o), max(o)) for (t, p), o in where.items())
+        assert entries.get(name) == actual and events_of[name] == len(got), (
+            f"manifest of {name}: {entries.get(name)} / {events_of.get(name)} events, topics hold {actual}")
+    assert set(events_of) == {f"{header(by_id[t.events[0][0]], H.LSN)}/{t.xid}" for t in committed}
 
     # Commit order is not id order here (the late writers), or the test proves less than it claims.
     in_commit_order = sorted(committed, key=lambda t: parse_lsn(header(by_id[t.events[0][0]], H.LSN)))

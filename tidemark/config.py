@@ -220,6 +220,22 @@ class PostgresConnection(BaseModel):
 SqlName = Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_]{0,62}$")]
 
 
+class GroupCommitConfig(BaseModel):
+    """How the relay groups consecutive source transactions into one Kafka transaction.
+
+    A group closes at whichever limit comes first, or when the slot has nothing more to
+    send. A source transaction is never split: one larger than the limits goes alone."""
+
+    model_config = _MODEL
+
+    linger_ms: Annotated[int, Field(ge=0, le=60_000)] = 100
+    """Longest a group stays open after its first source transaction (Kafka Streams commits every 100 ms)."""
+    max_events: Annotated[int, Field(ge=1)] = 10_000
+    max_bytes: Annotated[ByteSize, Field(gt=0)] = ByteSize(16 * 1024 * 1024)
+    max_transactions: Annotated[int, Field(ge=1, le=10_000)] = 1_000
+    """Source transactions per group; bounds the size of its manifest record."""
+
+
 class RelayConfig(BaseModel):
     """The outbox relay: which table, which slot, where events go."""
 
@@ -238,11 +254,36 @@ class RelayConfig(BaseModel):
     """Aggregate type -> topic, overriding ``topic`` for those types."""
     offsets_topic: str = "tidemark.relay-offsets"
     """Compacted topic holding each relay's position, written in the same Kafka transaction as the events."""
+    manifest_topic: str = "tidemark.relay-manifest"
+    """One record per Kafka transaction, written in it: each source transaction's exact event spans (G3)."""
+    topic_partitions: Annotated[int, Field(ge=1)] | None = None
+    """Partitions of event topics the relay creates; unset: the cluster's ``num.partitions``."""
+    replication_factor: Annotated[int, Field(ge=1)] | None = None
+    """Of every topic the relay creates; unset: the cluster's ``default.replication.factor``."""
+    min_insync_replicas: Annotated[int, Field(ge=1)] | None = None
+    """``min.insync.replicas`` of the topics the relay creates; unset: the cluster's default."""
     max_transaction_events: Annotated[int, Field(ge=1)] = 100_000
     """Largest source transaction relayed (as one Kafka transaction, held in memory); larger ones stop the relay."""
+    max_transaction_bytes: Annotated[ByteSize, Field(gt=0)] = ByteSize(256 * 1024 * 1024)
+    """The same limit in bytes of its events (ids, types, keys, payloads)."""
+    group: GroupCommitConfig = GroupCommitConfig()
+    on_oversized: Literal["stop", "dead_letter"] = "stop"
+    """An event larger than Kafka takes (the producer's and the topic's message size limits):
+    ``stop`` the relay before anything of its source transaction is produced, naming it, until
+    an operator runs ``tidemark relay dead-letter --xid N``; or ``dead_letter`` the whole source
+    transaction (every event, into ``<table>_dead_letters``) and go on. Never half of it."""
     ack_every: Annotated[int, Field(ge=1)] = 50
     """Relayed transactions between housekeeping deletes and slot confirmations."""
     transaction_timeout_ms: Annotated[int, Field(ge=1000, le=900_000)] = 60_000
+    kafka_retry_seconds: Annotated[float, Field(gt=0)] = 60.0
+    """How long one Kafka call is retried before the relay steps back, reconnects and tries again.
+    An outage never stops the relay: it waits (backing off up to 30 s) and resumes by itself."""
+
+    @model_validator(mode="after")
+    def _distinct_topics(self) -> RelayConfig:
+        if self.offsets_topic == self.manifest_topic:
+            raise ValueError("offsets_topic and manifest_topic must differ (one is compacted, the other is not)")
+        return self
 
     @property
     def slot_name(self) -> str:
@@ -251,6 +292,14 @@ class RelayConfig(BaseModel):
     @property
     def publication_name(self) -> str:
         return self.publication or f"tidemark_{self.id.replace('-', '_')}"
+
+    @property
+    def dead_letter_table(self) -> str:
+        return f"{self.table}_dead_letters"
+
+    @property
+    def transactional_id(self) -> str:
+        return f"tidemark-relay-{self.id}"
 
     def topic_for(self, aggregatetype: str) -> str:
         return self.routes.get(aggregatetype) or self.topic.replace("{aggregatetype}", aggregatetype)

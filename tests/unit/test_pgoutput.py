@@ -29,7 +29,7 @@ def test_relation_and_insert_with_null_and_utf8() -> None:
     text = '{"name": "Zoë"}'.encode()
     tuple_data = (struct.pack("!H", 3) + b"t" + struct.pack("!I", 3) + b"abc" + b"n"
                   + b"t" + struct.pack("!I", len(text)) + text)
-    assert decode(b"I" + struct.pack("!I", 16384) + b"N" + tuple_data) == Insert(16384, ("abc", None, '{"name": "Zoë"}'))
+    assert decode(b"I" + struct.pack("!I", 16384) + b"N" + tuple_data) == Insert(16384, (b"abc", None, '{"name": "Zoë"}'.encode()))
 
 
 def test_other_kinds_are_named_and_garbage_is_an_error() -> None:
