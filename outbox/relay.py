@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from connectors.producer import (
     CommitOutcomeUnknownError,
@@ -101,6 +101,14 @@ PRODUCER_MESSAGE_MAX = 1_000_000
 
 #: Failed attempts at the same group, each after a fence and a fresh position, before the relay gives up.
 MAX_REDOS = 10
+
+
+def _admin_call(call: Callable[[], Any]) -> Any:
+    """A metadata request; no answer is an outage (transient), not a crash."""
+    try:
+        return call()
+    except KafkaException as exc:
+        raise KafkaUnavailableError(f"Kafka metadata request failed: {exc.args[0]}") from None
 
 
 def _crash_point(name: str) -> None:
@@ -189,7 +197,7 @@ class Relay:
                 raise ConfigError(f"{topic!r} is not a valid Kafka topic name (letters, digits, '.', '_', '-'); "
                                   "map its aggregate type to a valid topic under relay.routes")
         admin = AdminClient(self.client_config)
-        existing = set(admin.list_topics(timeout=15).topics)
+        existing = set(_admin_call(lambda: admin.list_topics(timeout=15)).topics)
         config: dict[str, str] = dict(OFFSETS_TOPIC_CONFIG) if compacted else {}
         if self.config.min_insync_replicas is not None:
             config["min.insync.replicas"] = str(self.config.min_insync_replicas)
@@ -543,7 +551,8 @@ class Relay:
     def _partitions(self, topic: str) -> int:
         from confluent_kafka.admin import AdminClient
 
-        metadata = AdminClient(self.client_config).list_topics(topic, timeout=15).topics.get(topic)
+        admin = AdminClient(self.client_config)
+        metadata = _admin_call(lambda: admin.list_topics(topic, timeout=15)).topics.get(topic)
         return len(metadata.partitions) if metadata is not None and metadata.error is None else 0
 
     def _refence(self, producer: TransactionalProducer) -> Position | None:

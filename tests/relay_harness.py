@@ -64,6 +64,14 @@ class RelaySetup:
             cur.executemany(f"INSERT INTO {setup.keys_table} VALUES (%s, 0)", [(k,) for k in KEYS])
         return setup
 
+    def with_relay(self, name: str, **overrides: Any) -> RelaySetup:
+        """The same relay with some ``relay`` settings changed, in its own config file ``name``."""
+        config = yaml.safe_load(self.config.read_text())
+        config["relay"].update(overrides)
+        path = self.tmp / name
+        path.write_text(yaml.safe_dump(config))
+        return RelaySetup(**{**self.__dict__, "config": path})
+
     @property
     def keys_table(self) -> str:
         return self.table + "_keys"
@@ -123,6 +131,79 @@ class RelaySetup:
         with self.connect() as conn, conn.cursor() as cur:
             cur.execute(f"SELECT count(*) FROM {TableName.parse(self.table).sql}")
             return int(cur.fetchone()[0])
+
+
+class CommittedChecker:
+    """A read_committed consumer polling the relay's event topics while a test runs.
+
+    Each time it reaches the end of a partition (the LSO then), it notes how many events of
+    each source transaction it has seen there. Everything below the LSO has been delivered
+    by then, so if a source transaction were split over two Kafka transactions, a note taken
+    between their commits would show part of its events in that partition.
+    :meth:`assert_never_saw_part` compares every note with the final count: each must be all.
+    """
+
+    def __init__(self, bootstrap: str, setup: RelaySetup) -> None:
+        self.bootstrap, self.setup = bootstrap, setup
+        self.notes: list[tuple[str, str, int, int]] = []
+        self.ends = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.error: BaseException | None = None
+
+    def start(self) -> CommittedChecker:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+        assert self.error is None, f"checker failed: {self.error!r}"
+
+    def _run(self) -> None:
+        from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"checker-{uuid.uuid4().hex[:8]}",
+                             "isolation.level": "read_committed", "enable.auto.commit": False,
+                             "enable.partition.eof": True, "auto.offset.reset": "earliest"})
+        counts: Counter[tuple[str, str, int]] = Counter()
+        touched: dict[tuple[str, int], set[str]] = defaultdict(set)
+        known: set[str] = set()
+        listed = 0.0
+        try:
+            while not self._stop.is_set():
+                if time.monotonic() - listed > 1.0:
+                    listed = time.monotonic()
+                    try:
+                        fresh = [t for t in self.setup.event_topics() if t not in known]
+                    except Exception:  # noqa: BLE001 - the broker may be paused by the test
+                        fresh = []
+                    for topic in fresh:
+                        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+                        consumer.incremental_assign([TopicPartition(topic, p, 0) for p in parts])
+                        known.add(topic)
+                for m in consumer.consume(num_messages=1000, timeout=0.2):
+                    err = m.error()
+                    tp = (m.topic(), m.partition())
+                    if err is not None:
+                        if err.code() == KafkaError._PARTITION_EOF:
+                            self.ends += 1
+                            for lsn in touched.pop(tp, ()):
+                                self.notes.append((lsn, tp[0], tp[1], counts[(lsn, *tp)]))
+                        continue
+                    lsn = dict(m.headers() or [])[H.LSN].decode()
+                    counts[(lsn, *tp)] += 1
+                    touched[tp].add(lsn)
+        except BaseException as exc:  # noqa: BLE001 - reported by stop()
+            self.error = exc
+        finally:
+            consumer.close()
+
+    def assert_never_saw_part(self, setup: RelaySetup) -> None:
+        final: Counter[tuple[str, str, int]] = Counter((header(r, H.LSN), r.topic, r.partition) for r in setup.records())
+        part = [(lsn, t, p, n, final[(lsn, t, p)]) for lsn, t, p, n in self.notes if n != final[(lsn, t, p)]]
+        assert self.ends > 10 and self.notes, f"the checker saw too little ({self.ends} partition ends)"
+        assert not part, f"a read_committed reader saw part of source transactions: {part[:5]}"
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -289,6 +370,9 @@ def assert_relayed_exactly_once(setup: RelaySetup, committed: list[SourceTxn], r
     events_of: dict[str, int] = {}
     for manifest in setup.manifests():
         for entry in manifest.entries:
+            if entry.dead_lettered:
+                assert not entry.spans, f"dead-lettered {entry.txn} has spans"
+                continue
             assert entry.txn not in events_of, f"source transaction {entry.txn} in two manifest records"
             events_of[entry.txn] = entry.events
             entries[entry.txn] = list(entry.spans)

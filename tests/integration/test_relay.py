@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from outbox import headers as H
 from outbox.relay import CRASH_POINTS
@@ -142,10 +141,7 @@ def test_a_50000_event_transaction_is_one_kafka_transaction(setup: RelaySetup) -
 
 
 def test_a_transaction_over_the_limit_stops_the_relay_and_loses_nothing(setup: RelaySetup, tmp_path: Path) -> None:
-    small = RelaySetup(**{**setup.__dict__, "config": tmp_path / "small.yaml"})
-    config = yaml.safe_load(setup.config.read_text())
-    config["relay"]["max_transaction_events"] = 100
-    small.config.write_text(yaml.safe_dump(config))
+    small = setup.with_relay("small.yaml", max_transaction_events=100)
     with setup.connect() as conn, conn.cursor() as cur:
         ids = [str(add_event(cur, "order", "agg-1", "Small", {"key": "agg-1", "seq": 1}, table=setup.table))]
         conn.commit()

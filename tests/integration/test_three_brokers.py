@@ -5,15 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from tests.kafka_helpers import read_all, transactional_producer, write_transaction
+from tests.relay_harness import RelaySetup, Writers, assert_relayed_exactly_once
 from tests.stack_fixtures import kafka_cluster
 from tidemark.settings import Settings
 
 
 @pytest.mark.slow
-def test_transactions_commit_with_one_of_three_brokers_down(settings: Settings, tmp_path: Path) -> None:
+def test_transactions_commit_with_one_of_three_brokers_down(settings: Settings, tmp_path: Path,
+                                                            postgres_dsn: str) -> None:
     if settings.kafka.bootstrap_servers:
         pytest.skip("uses the embedded three-broker cluster")
     with kafka_cluster(settings, tmp_path / "kafka3", brokers=3) as (bootstrap, cluster):
@@ -34,3 +36,21 @@ def test_transactions_commit_with_one_of_three_brokers_down(settings: Settings, 
         values = sorted(r.value for r in read_all(bootstrap, "rf3") if r.value)
         expected = sorted([b"before-%d" % i for i in range(30)] + [b"during-%d" % i for i in range(30)])
         assert values == expected
+
+        # The relay creates every topic in the shape its config gives (what `serve --relay` runs too).
+        setup = RelaySetup.create(tmp_path, postgres_dsn, bootstrap, topic_partitions=None,
+                                  replication_factor=3, min_insync_replicas=2)
+        writers = Writers(setup, threads=1, rollback_rate=0, late_rate=0, seed=3)
+        import random
+
+        with setup.connect() as conn:
+            for _ in range(5):
+                writers.transaction(conn, random.Random(3))
+        setup.drain()
+        assert_relayed_exactly_once(setup, writers.committed, writers.rolled_back)
+        made = [*setup.event_topics(), setup.offsets_topic, setup.manifest_topic]
+        for topic in made:
+            assert all(len(p.replicas) == 3 for p in admin.list_topics(topic, timeout=10).topics[topic].partitions.values())
+        configs = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, t) for t in made])
+        for resource, future in configs.items():
+            assert future.result(30)["min.insync.replicas"].value == "2", resource

@@ -1,0 +1,81 @@
+"""Pure decisions of the relay: is the database the position's stream (outbox.source), and how the
+producer classifies a transactional error (connectors.producer)."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from connectors.producer import (
+    KafkaUnavailableError,
+    ProducerFatalError,
+    ProducerFencedError,
+    TransactionalProducer,
+)
+from outbox.position import Position, Source
+from outbox.source import Slot, SourceChangedError, verify
+
+HERE = Source("7000", 3, "tidemark_outbox")
+SLOT = Slot("tidemark_outbox", True, confirmed_flush_lsn=900)
+
+
+def _at(lsn: int, source: Source | None = HERE) -> Position:
+    return Position(lsn, 1, "-", source)
+
+
+def test_the_same_stream_passes() -> None:
+    verify(_at(1000), HERE, SLOT)
+    verify(None, HERE, SLOT)  # a relay that never relayed
+    verify(_at(1000, None), HERE, SLOT)  # a position written before streams were recorded
+
+
+@pytest.mark.parametrize(("position", "slot", "fork", "match"), [
+    (_at(1000, Source("6999", 3, "s")), SLOT, None, "system 6999.*this server is system 7000"),
+    (_at(1000, Source("7000", 2, "s")), SLOT, 800, "timeline 2, which is left at 0/320 for this server's timeline 3"),
+    (_at(1000, Source("7000", 2, "s")), SLOT, None, "not an ancestor"),
+    (_at(1000, Source("7000", 4, "s")), SLOT, None, "timeline 4"),
+    (_at(1000), Slot("tidemark_outbox", False), None, "does not exist"),
+    (_at(1000), Slot("tidemark_outbox", True, 900, invalid="wal_removed"), None, "invalidated.*wal_removed"),
+    (_at(800), SLOT, None, "confirmed 0/384, past the relay's position 0/320"),
+])
+def test_another_stream_is_refused(position: Position, slot: Slot, fork: int | None, match: str) -> None:
+    with pytest.raises(SourceChangedError, match=match) as raised:
+        verify(position, HERE, slot, fork)
+    assert "--reset-relay" in str(raised.value)
+
+
+def test_a_failover_after_the_position_is_followed() -> None:
+    verify(_at(1000, Source("7000", 2, "s")), HERE, SLOT, fork=1000)
+
+
+def _raising(*errors: KafkaError):  # type: ignore[no-untyped-def]
+    pending = list(errors)
+
+    def call() -> None:
+        if pending:
+            raise KafkaException(pending.pop(0))
+    return call
+
+
+def _producer(retry_for: float = 0.3) -> TransactionalProducer:
+    return TransactionalProducer({"bootstrap.servers": "127.0.0.1:9", "transactional.id": "t"}, retry_for=retry_for)
+
+
+def test_an_epoch_bump_from_a_transaction_timeout_is_abortable_not_fenced() -> None:
+    bumped = KafkaError(KafkaError.INVALID_PRODUCER_EPOCH, txn_requires_abort=True)
+    with pytest.raises(KafkaException) as raised:
+        _producer()._call("commit_transaction", _raising(bumped))
+    assert raised.value.args[0].txn_requires_abort()  # the caller aborts and redoes it
+
+
+def test_fenced_and_fatal_stop_and_an_outage_is_transient() -> None:
+    with pytest.raises(ProducerFencedError):
+        _producer()._call("commit", _raising(KafkaError(KafkaError._FENCED, fatal=True)))
+    with pytest.raises(ProducerFencedError):
+        _producer()._call("commit", _raising(KafkaError(KafkaError.PRODUCER_FENCED)))
+    with pytest.raises(ProducerFatalError):
+        _producer()._call("commit", _raising(KafkaError(KafkaError.INVALID_CONFIG)))
+    down = [KafkaError(KafkaError._TRANSPORT, retriable=True)] * 50
+    with pytest.raises(KafkaUnavailableError, match="for 0.3 s"):
+        _producer()._call("begin", _raising(*down))
+    _producer(retry_for=10)._call("begin", _raising(*down[:2]))  # retried, then fine
