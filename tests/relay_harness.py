@@ -103,6 +103,17 @@ class RelaySetup:
         code = self.run("--idle-exit", "3", timeout=timeout)
         assert code == 0, f"draining relay exited {code}:\n{self.log_tail()}"
 
+    def catch_up_and_stop(self, relay: subprocess.Popen[bytes], timeout: float = 240) -> None:
+        """Wait until the running ``relay`` has relayed and deleted every outbox row (it must not
+        exit meanwhile), then stop it with SIGTERM; it must exit 0."""
+        deadline = time.monotonic() + timeout
+        while self.outbox_rows() and time.monotonic() < deadline:
+            assert relay.poll() is None, f"relay exited {relay.returncode}:\n{self.log_tail()}"
+            time.sleep(1)
+        assert self.outbox_rows() == 0, f"relay did not catch up:\n{self.log_tail()}"
+        relay.terminate()
+        assert relay.wait(60) == 0, self.log_tail()
+
     def log_tail(self, lines: int = 30) -> str:
         path = self.tmp / "relay.log"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""

@@ -88,14 +88,7 @@ def test_relay_recovers_by_itself_from_postgres_then_broker_restarts(settings: S
             kafka.start_node(1)
             time.sleep(4)
             after_pg.stop()
-            deadline = time.monotonic() + 240
-            while setup.outbox_rows() and time.monotonic() < deadline:
-                assert relay.poll() is None, f"relay exited {relay.returncode}:\n{setup.log_tail()}"
-                time.sleep(1)
-            assert setup.outbox_rows() == 0, f"relay did not catch up:\n{setup.log_tail()}"
-            assert relay.poll() is None, "the relay must have recovered by itself, without a restart"
-            relay.terminate()
-            assert relay.wait(60) == 0, setup.log_tail()
+            setup.catch_up_and_stop(relay)  # by itself: never restarted
         finally:
             if relay.poll() is None:
                 kill_group(relay)
@@ -137,13 +130,7 @@ def test_a_broker_paused_during_commits_costs_nothing_and_the_relay_recovers_by_
                 broker.resume()
                 assert relay.poll() is None, f"relay exited {relay.returncode}:\n{setup.log_tail()}"
             writers.stop()
-            deadline = time.monotonic() + 240
-            while setup.outbox_rows() and time.monotonic() < deadline:
-                assert relay.poll() is None, f"relay exited {relay.returncode}:\n{setup.log_tail()}"
-                time.sleep(1)
-            assert setup.outbox_rows() == 0, f"relay did not catch up:\n{setup.log_tail()}"
-            relay.terminate()
-            assert relay.wait(60) == 0, setup.log_tail()
+            setup.catch_up_and_stop(relay)
         finally:
             broker.resume()
             if relay.poll() is None:
