@@ -90,3 +90,34 @@ def emit(lines: list[str], output: str | None) -> None:
     print(report, flush=True)
     if output:
         Path(output).write_text(report + "\n")
+
+
+def emit_json(data: dict[str, object], path: str | None) -> None:
+    """Write a benchmark's figures as JSON (``--json FILE``), with when and where they were taken."""
+    if not path:
+        return
+    import json
+
+    payload = {"taken_at": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine(),
+               "load_after": loadavg(), "command": " ".join(sys.argv), **data}
+    Path(path).write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+
+
+def bars_svg(path: str, title: str, bars: dict[str, float], unit: str) -> None:
+    """A horizontal bar chart as SVG (no plotting library needed): one bar per contender."""
+    from html import escape
+
+    width, row, left = 640, 34, 190
+    top = 40
+    biggest = max(bars.values()) or 1.0
+    parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{top + row * len(bars) + 20}" '
+              'font-family="sans-serif" font-size="13">'),
+             f'<text x="10" y="22" font-size="15" font-weight="bold">{escape(title)}</text>']
+    for i, (name, value) in enumerate(bars.items()):
+        y = top + i * row
+        length = (width - left - 110) * value / biggest
+        parts += [f'<text x="10" y="{y + 17}">{escape(name)}</text>',
+                  f'<rect x="{left}" y="{y + 4}" width="{length:.1f}" height="{row - 12}" fill="#4a7fb5"/>',
+                  f'<text x="{left + length + 6:.1f}" y="{y + 17}">{value:,.2f} {escape(unit)}</text>']
+    parts.append("</svg>")
+    Path(path).write_text("\n".join(parts) + "\n")
