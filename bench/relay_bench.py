@@ -1,21 +1,25 @@
-"""The relay's exactly-once throughput vs a plain producer of the same messages (the ceiling).
+"""The relay's exactly-once throughput vs the same relay without transactions (the ceiling).
 
-A fresh outbox gets ``--events`` events in transactions of ``--txn-size`` (10), committed
-before either contender starts, and a copy of its rows is kept. Then, in alternating
-order:
+A fresh outbox gets ``--events`` events of ~250 B (3 topics) in source transactions of
+each size in ``--txn-sizes``, committed before any contender starts; two replication
+slots see them all. Then, in alternating order:
 
-* ``relay``: :class:`outbox.relay.Relay` (logical decoding, one Kafka transaction per
-  source transaction with its position, acknowledgements and row deletes); timed at its
-  steady rate, from its first relayed transaction to its last (start-up excluded).
-* ``plain-producer``: reads the copied rows in one query and produces the same messages
-  (same topics, keys, values and event-id/type headers) with a non-transactional
-  confluent-kafka producer, ``acks=all``, then flushes. No exactly-once, no order
-  between transactions: the ceiling for this machine and broker.
+* ``relay``: :class:`outbox.relay.Relay` as shipped (group commit, manifest, position,
+  acknowledgements and row deletes), timed at its steady rate from its first committed
+  group to its last (start-up excluded).
+* ``nontxn-relay``: the same capture, decode and messages from the other slot, produced
+  by a plain idempotent producer (``acks=all``, no transactions, no manifest, no
+  position), flushed where the relay would close a group (linger, events, idle), then
+  acknowledged (deletes and slot confirmation): at-least-once. The ceiling the issue
+  sets: what exactly-once costs on top of the same relay.
+* ``plain-producer``: the same messages read from a copy of the rows in one query,
+  produced with nothing else: the machine's and broker's ceiling.
 
-Reported: events/s of each (medians) and relay / ceiling.
+Reported per transaction size: events/s of each (medians) and relay / nontxn-relay;
+``--json FILE`` writes them (``ratio_vs_nontxn_relay``), ``--svg FILE`` a bar chart.
 
-    .venv/bin/python -m bench.relay_bench                   # 20,000 events, 2 reps each
-    .venv/bin/python -m bench.relay_bench --events 2000 --reps 1
+    .venv/bin/python -m bench.relay_bench                          # 200,000 events; 10, 1, 100; 2 reps
+    .venv/bin/python -m bench.relay_bench --events 20000 --txn-sizes 10 --reps 1
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.common import emit, header, kafka_broker, loadavg
+from bench.common import bars_svg, emit, emit_json, header, kafka_broker, loadavg
 
 AGGREGATES = ("order", "payment", "shipment")
 
@@ -65,18 +69,21 @@ def postgres(dsn: str | None) -> Iterator[str]:
 def fill(dsn: str, table: str, events: int, txn_size: int) -> None:
     """``events`` outbox rows in committed transactions of ``txn_size``, and a copy of them."""
     import psycopg2
+    from psycopg2.extras import execute_values
 
-    from outbox.schema import add_event
+    from outbox.schema import TableName
 
+    name = TableName.parse(table).sql
     conn = psycopg2.connect(dsn)
     try:
         with conn.cursor() as cur:
             for t in range(0, events, txn_size):
-                for i in range(t, min(t + txn_size, events)):
-                    add_event(cur, AGGREGATES[i % 3], f"agg-{i % 100}", "Changed",
-                              {"seq": i, "note": "x" * 200}, table=table)
+                rows = [(str(uuid.uuid4()), AGGREGATES[i % 3], f"agg-{i % 100}", "Changed",
+                         f'{{"seq": {i}, "note": "{"x" * 200}"}}') for i in range(t, min(t + txn_size, events))]
+                execute_values(cur, f"INSERT INTO {name} (id, aggregatetype, aggregateid, type, payload) VALUES %s",
+                               rows, template="(%s, %s, %s, %s, %s::jsonb)")
                 conn.commit()
-            cur.execute(f"CREATE TABLE {table}_copy AS SELECT * FROM {table}")
+            cur.execute(f"CREATE TABLE {table}_copy AS SELECT * FROM {name}")
         conn.commit()
     finally:
         conn.close()
@@ -115,6 +122,64 @@ def run_relay(dsn: str, client: dict[str, str], relay: Any, events: int) -> floa
     return done[0]
 
 
+def run_nontxn(dsn: str, client: dict[str, str], relay: Any, slot: str, events: int) -> float:
+    """Seconds per ``events`` for the same relay without transactions, at its steady rate (as :func:`run_relay`)."""
+    import psycopg2
+    from confluent_kafka import Producer
+
+    from outbox.capture import Capture
+    from outbox.relay import Relay
+    from outbox.schema import TableName
+
+    job = Relay(relay, dsn=dsn, client_config=client)  # its topic routing and message building
+    producer = Producer({**client, "enable.idempotence": True, "acks": "all", "linger.ms": 5})
+    capture = Capture(dsn, slot=slot, publication=relay.publication_name, table=TableName.parse(relay.table),
+                      max_events=relay.max_transaction_events, max_bytes=int(relay.max_transaction_bytes))
+    capture.connect()
+    capture.start()
+    db = psycopg2.connect(dsn)
+    db.autocommit = True
+    done, first, pending, unflushed, lsn = 0, None, [], 0, 0
+    opened = idle_since = time.monotonic()
+    linger = relay.group.linger_ms / 1000
+    try:
+        while done < events and time.monotonic() - idle_since < 30:
+            txn = capture.next_transaction(timeout=max(0.0, opened + linger - time.monotonic()) if unflushed else 0.5)
+            if txn is not None:
+                idle_since = time.monotonic()
+                if not unflushed:
+                    opened = time.monotonic()
+                for topic, key, value, headers in job._messages(txn):
+                    while True:
+                        try:
+                            producer.produce(topic, value, key, headers=headers)
+                            break
+                        except BufferError:
+                            producer.poll(0.05)
+                producer.poll(0)
+                pending += [e.id.decode() for e in txn.events]
+                lsn, unflushed, done = txn.end_lsn, unflushed + len(txn.events), done + len(txn.events)
+            # The relay's cadence: flush (then acknowledge) when a group would close.
+            if unflushed and (txn is None or unflushed >= relay.group.max_events or done >= events
+                              or time.monotonic() - opened >= linger):
+                if producer.flush(60) != 0:  # at-least-once: delivered before acknowledged
+                    raise AssertionError("nontxn relay: messages not delivered")
+                with db.cursor() as cur:
+                    cur.execute(f"DELETE FROM {TableName.parse(relay.table).sql} WHERE id = ANY(%s::uuid[])",
+                                (pending,))
+                capture.confirm(lsn)
+                pending, unflushed = [], 0
+                if first is None:
+                    first = (time.perf_counter(), done)
+    finally:
+        capture.close()
+        db.close()
+    if done != events or first is None:
+        raise AssertionError(f"nontxn relay relayed {done} of {events} events")
+    rate = (events - first[1]) / (time.perf_counter() - first[0])
+    return events / rate
+
+
 def run_plain(dsn: str, client: dict[str, str], relay: Any, table: str, events: int) -> float:
     import psycopg2
     from confluent_kafka import Producer
@@ -143,57 +208,77 @@ def run_plain(dsn: str, client: dict[str, str], relay: Any, table: str, events: 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--events", type=int, default=20_000)
-    parser.add_argument("--txn-size", type=int, default=10)
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--txn-sizes", default="10,1,100", help="events per source transaction, comma-separated")
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--bootstrap", help="use this Kafka cluster instead of a fresh embedded broker")
     parser.add_argument("--dsn", help="use this PostgreSQL instead of a fresh embedded server")
     parser.add_argument("--output", help="also write the markdown report to this file")
+    parser.add_argument("--json", help="write the figures as JSON to this file")
+    parser.add_argument("--svg", help="write a bar chart of events/s to this SVG file")
     args = parser.parse_args(argv)
+
+    import psycopg2
 
     from outbox.schema import TableName, init_outbox
     from tidemark.config import RelayConfig
 
     load_before = loadavg()
-    times: dict[str, list[float]] = {"relay": [], "plain-producer": []}
+    sizes = [int(x) for x in args.txn_sizes.split(",")]
+    contenders = ("relay", "nontxn-relay", "plain-producer")
+    times: dict[tuple[int, str], list[float]] = {}
     with kafka_broker(args.bootstrap) as (bootstrap, broker_version), postgres(args.dsn) as dsn:
         client = {"bootstrap.servers": bootstrap}
-        for rep in range(args.reps):
-            run = uuid.uuid4().hex[:8]
-            relay = RelayConfig(id=f"bench-{run}", table=f"public.outbox_{run}", topic=f"bench.{run}.{{aggregatetype}}",
-                                offsets_topic=f"bench.{run}.offsets", ack_every=50)
-            init_outbox(dsn, table=TableName.parse(relay.table), publication=relay.publication_name,
-                        slot=relay.slot_name)
-            create_topics(client, [relay.topic_for(a) for a in AGGREGATES])
-            t0 = time.perf_counter()
-            fill(dsn, relay.table, args.events, args.txn_size)
-            print(f"rep {rep + 1}: {args.events:,} events in {args.events // args.txn_size:,} transactions "
-                  f"written in {time.perf_counter() - t0:.0f}s", flush=True)
-            order = ["relay", "plain-producer"] if rep % 2 == 0 else ["plain-producer", "relay"]
-            for name in order:
-                if name == "relay":
-                    elapsed = run_relay(dsn, client, relay, args.events)
-                else:
-                    elapsed = run_plain(dsn, client, relay, relay.table, args.events)
-                times[name].append(elapsed)
-                print(f"rep {rep + 1} {name}: {elapsed:.2f}s, {args.events / elapsed:,.0f} events/s", flush=True)
+        for size in sizes:
+            for rep in range(args.reps):
+                run = uuid.uuid4().hex[:8]
+                relay = RelayConfig(id=f"bench-{run}", table=f"public.outbox_{run}",
+                                    topic=f"bench.{run}.{{aggregatetype}}", offsets_topic=f"bench.{run}.offsets",
+                                    manifest_topic=f"bench.{run}.manifest", ack_every=50)
+                init_outbox(dsn, table=TableName.parse(relay.table), publication=relay.publication_name,
+                            slot=relay.slot_name)
+                other_slot = f"{relay.slot_name}_nontxn"
+                with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+                    cur.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (other_slot,))
+                create_topics(client, [relay.topic_for(a) for a in AGGREGATES])
+                t0 = time.perf_counter()
+                fill(dsn, relay.table, args.events, size)
+                print(f"txn size {size}, rep {rep + 1}: {args.events:,} events in {args.events // size:,} "
+                      f"transactions written in {time.perf_counter() - t0:.0f}s", flush=True)
+                order = list(contenders) if rep % 2 == 0 else list(reversed(contenders))
+                for name in order:
+                    if name == "relay":
+                        elapsed = run_relay(dsn, client, relay, args.events)
+                    elif name == "nontxn-relay":
+                        elapsed = run_nontxn(dsn, client, relay, other_slot, args.events)
+                    else:
+                        elapsed = run_plain(dsn, client, relay, relay.table, args.events)
+                    times.setdefault((size, name), []).append(elapsed)
+                    print(f"txn size {size}, rep {rep + 1} {name}: {elapsed:.2f}s, "
+                          f"{args.events / elapsed:,.0f} events/s", flush=True)
+                with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+                    cur.execute("SELECT pg_drop_replication_slot(%s)", (other_slot,))
 
-    med = {name: statistics.median(t) for name, t in times.items()}
-    lines = [
-        "",
-        *header("Outbox relay: exactly-once vs a plain producer (ceiling)", load_before),
-        (f"Kafka {broker_version}, one broker. {args.events:,} events of ~250 B in transactions of "
-         f"{args.txn_size}, 3 topics; relay `ack_every=50`."),
-        "",
-        "| contender | median s | events/s | all runs (s) |",
-        "|---|---:|---:|---|",
-    ]
-    for name, runs in times.items():
-        lines.append(f"| {name} | {med[name]:.2f} | {args.events / med[name]:,.0f} | "
-                     f"{', '.join(f'{t:.2f}' for t in runs)} |")
-    ratio = med["plain-producer"] / med["relay"]
-    lines += ["", f"**Relay throughput / plain-producer throughput = {ratio:.3f}×** (median times)."]
+    rate = {k: args.events / statistics.median(v) for k, v in times.items()}
+    lines = ["", *header("Outbox relay: exactly-once vs the same relay without transactions", load_before),
+             (f"Kafka {broker_version}, one broker. {args.events:,} events of ~250 B over 3 topics (3 partitions "
+              f"each); relay defaults (group commit: linger 100 ms), `ack_every=50`; medians of {args.reps}."),
+             "", ("| events per source txn | relay events/s | nontxn-relay events/s | plain-producer events/s "
+                  "| relay / nontxn-relay |"), "|---:|---:|---:|---:|---:|"]
+    figures: dict[str, Any] = {}
+    for size in sizes:
+        ratio = rate[(size, "relay")] / rate[(size, "nontxn-relay")]
+        lines.append(f"| {size} | {rate[(size, 'relay')]:,.0f} | {rate[(size, 'nontxn-relay')]:,.0f} | "
+                     f"{rate[(size, 'plain-producer')]:,.0f} | **{ratio:.2f}×** |")
+        figures[str(size)] = {**{f"{n}_events_per_s": rate[(size, n)] for n in contenders},
+                              "ratio_vs_nontxn_relay": ratio,
+                              "runs_s": {n: times[(size, n)] for n in contenders}}
     emit(lines, args.output)
+    emit_json({"benchmark": "relay_bench", "events": args.events, "reps": args.reps, "by_txn_size": figures},
+              args.json)
+    if args.svg:
+        bars_svg(args.svg, f"Relay events/s ({args.events:,} events; events per source transaction)",
+                 {f"{n} ({size})": rate[(size, n)] for size in sizes for n in contenders}, "ev/s")
     return 0
 
 

@@ -182,6 +182,9 @@ class Relay:
         self._pending_lsn: int | None = None
         self._unacked = 0
         self._offsets_partition = 0
+        self.position: Position | None = None
+        """The newest position this relay knows is committed: set at each commit and each resume,
+        so nothing that fails after a commit (an acknowledgement, say) can leave it stale."""
 
     # -- set-up ------------------------------------------------------------------
 
@@ -330,8 +333,8 @@ class Relay:
 
     # -- step 5 ------------------------------------------------------------------------
 
-    def _relay(self, producer: TransactionalProducer, group: Group, source: Source | None) -> Position:
-        """One Kafka transaction: the group's events, its manifest, its position."""
+    def _relay(self, producer: TransactionalProducer, group: Group, source: Source | None) -> None:
+        """One Kafka transaction: the group's events, its manifest, its position (then :attr:`position`)."""
         last = group.txns[-1]
         position = Position(last.end_lsn, last.xid, datetime.now(UTC).isoformat(), source)
         spans: list[dict[tuple[str, int], list[int]]] = [{} for _ in group.txns]
@@ -372,6 +375,7 @@ class Relay:
 
         producer.run(body, what=f"relaying {len(group.txns)} source transaction(s) up to {format_lsn(last.end_lsn)}",
                      timeout=self.config.transaction_timeout_ms / 1000)
+        self.position = position
         _crash_point("committed")
         self.report.kafka_transactions += 1
         for i, txn in enumerate(group.txns):
@@ -384,7 +388,6 @@ class Relay:
                                   if i not in group.dead for e in t.events)
         log.debug("relayed %d source transaction(s), %d events, up to %s", len(group.txns), group.events,
                   format_lsn(last.end_lsn))
-        return position
 
     # -- step 6 ------------------------------------------------------------------------
 
@@ -448,7 +451,7 @@ class Relay:
             _crash_point("fenced")
             self._ensure_topics({self.config.offsets_topic}, compacted=True)
             self._ensure_topics({self.config.manifest_topic})
-            position = self._resume()                                          # step 2
+            self._resume()                                                     # step 2
             _crash_point("resumed")
             group = Group()
             idle_since = time.monotonic()
@@ -456,18 +459,18 @@ class Relay:
             while not stop.is_set():
                 try:
                     if capture is None:
-                        capture = self._open_capture(stop, position)          # step 3
+                        capture = self._open_capture(stop, self.position)     # step 3
                     wait = max(0.0, group.opened + linger - time.monotonic()) if group.txns else 0.5
                     try:
                         txn = capture.next_transaction(timeout=wait)
                     except TransactionTooLargeError:
                         if group.txns:
-                            position = self._flush(producer, group, capture, position)
+                            self._flush(producer, group, capture)
                         self._acknowledge(capture)  # what was relayed before it stays done
                         raise
                     if txn is None:
                         if group.txns:
-                            position = self._flush(producer, group, capture, position)  # step 5
+                            self._flush(producer, group, capture)              # step 5
                             group = Group()
                             continue
                         self._acknowledge(capture)                             # step 6, idle
@@ -475,7 +478,7 @@ class Relay:
                             break
                         continue
                     idle_since = time.monotonic()
-                    if position is not None and txn.end_lsn <= position.end_lsn:
+                    if self.position is not None and txn.end_lsn <= self.position.end_lsn:
                         self.report.skipped += bool(txn.events)  # redelivered: already in Kafka
                         self._pend([txn])
                         continue
@@ -483,19 +486,19 @@ class Relay:
                     if group.txns and (group.events + len(txn.events) > limits.max_events
                                        or group.size + txn.size > limits.max_bytes
                                        or len(group.txns) >= limits.max_transactions):
-                        position = self._flush(producer, group, capture, position)
+                        self._flush(producer, group, capture)
                         group = Group()
                     try:
                         admitted = self._admit(txn) if txn.events else True      # step 4
                     except OversizedEventError:
                         if group.txns:
-                            position = self._flush(producer, group, capture, position)
+                            self._flush(producer, group, capture)
                         self._acknowledge(capture)
                         raise
                     group.add(txn, dead=not admitted)
                     if (time.monotonic() - group.opened >= linger or group.events >= limits.max_events
                             or group.size >= limits.max_bytes or len(group.txns) >= limits.max_transactions):
-                        position = self._flush(producer, group, capture, position)
+                        self._flush(producer, group, capture)
                         group = Group()
                 except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
                     # PostgreSQL restarting or the session ended: reconnect and resume from the slot.
@@ -508,10 +511,10 @@ class Relay:
                     self._pending_ids, self._pending_lsn, self._unacked = [], None, 0
                     stop.wait(1.0)
                     # Still ours? A newer relay may have fenced us and ended our session.
-                    self._probe_ownership(producer, position)
+                    self._probe_ownership(producer)
             if capture is not None:
                 if group.txns:
-                    self._flush(producer, group, capture, position)
+                    self._flush(producer, group, capture)
                 self._acknowledge(capture)
         finally:
             if capture is not None:
@@ -521,11 +524,11 @@ class Relay:
                 self._db = None
             producer.close()
 
-    def _flush(self, producer: TransactionalProducer, group: Group, capture: Capture,
-               position: Position | None) -> Position | None:
+    def _flush(self, producer: TransactionalProducer, group: Group, capture: Capture) -> None:
         """Step 5 for ``group`` (after a fence, if the connection was disturbed), then step 6 when due."""
         if producer.disturbed:
-            position = self._refence(producer)                                 # steps 1-2 again
+            self._refence(producer)                                            # steps 1-2 again
+            position = self.position
             done = [t for t in group.txns if position is not None and t.end_lsn <= position.end_lsn]
             if done:  # another instance with this id relayed them meanwhile
                 self.report.skipped += sum(1 for t in done if t.events)
@@ -533,20 +536,19 @@ class Relay:
                 group.txns = group.txns[len(done):]
                 group.dead = {i - len(done) for i in group.dead if i >= len(done)}
             if not group.txns:
-                return position
-        position = self._relay(producer, group, capture.source)                # step 5
+                return
+        self._relay(producer, group, capture.source)                           # step 5
         self._pend(group.txns)
         if self._unacked >= self.config.ack_every:
             self._acknowledge(capture)                                         # step 6
-        return position
 
-    def _resume(self) -> Position | None:
-        position = read_position(self.client_config, self.config.offsets_topic, self.config.id,
-                                 wait=2 * self.config.transaction_timeout_ms / 1000 + 30)
+    def _resume(self) -> None:
+        self.position = read_position(self.client_config, self.config.offsets_topic, self.config.id,
+                                      wait=2 * self.config.transaction_timeout_ms / 1000 + 30)
         # Where read_position looks: an offsets topic made elsewhere may have more than one partition.
         self._offsets_partition = offsets_partition(self.config.id, self._partitions(self.config.offsets_topic) or 1)
-        log.info("relay %s resumes after %s", self.config.id, format_lsn(position.end_lsn) if position else "the start")
-        return position
+        log.info("relay %s resumes after %s", self.config.id,
+                 format_lsn(self.position.end_lsn) if self.position else "the start")
 
     def _partitions(self, topic: str) -> int:
         from confluent_kafka.admin import AdminClient
@@ -555,7 +557,7 @@ class Relay:
         metadata = _admin_call(lambda: admin.list_topics(topic, timeout=15)).topics.get(topic)
         return len(metadata.partitions) if metadata is not None and metadata.error is None else 0
 
-    def _refence(self, producer: TransactionalProducer) -> Position | None:
+    def _refence(self, producer: TransactionalProducer) -> None:
         """A new producer instance (epoch bump), then the position as the topics now say.
 
         Read again because the renewal is a fence like any restart's: a relay with this id
@@ -563,16 +565,14 @@ class Relay:
         """
         producer.renew()
         self.report.refenced += 1
-        position = self._resume()
-        log.info("relay %s fenced in again", self.config.id)
-        return position
+        self._resume()
 
-    def _probe_ownership(self, producer: TransactionalProducer, position: Position | None) -> None:
+    def _probe_ownership(self, producer: TransactionalProducer) -> None:
         """Commit the current position again: a fenced relay fails here and stops (G5).
 
         A relay that has relayed nothing yet commits position 0, which skips nothing.
         """
-        current = position or Position(0, 0, datetime.now(UTC).isoformat())
+        current = self.position or Position(0, 0, datetime.now(UTC).isoformat())
         producer.run(lambda p: p.produce(self.config.offsets_topic, key=self.config.id.encode(),
                                          value=current.to_json(self.config.id), partition=self._offsets_partition),
                      what="checking this relay still owns its id")
