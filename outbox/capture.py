@@ -43,6 +43,10 @@ class SlotBusyError(TransientError):
         super().__init__(f"replication slot {slot!r} is in use by server process {pid or '?'}{who}")
 
 
+class ReplicationLostError(TransientError):
+    """The replication stream broke (the server restarted, was replaced, or ended the session)."""
+
+
 class TransactionTooLargeError(TerminalError):
     """A source transaction has more events or bytes than the relay may put in one Kafka transaction."""
 
@@ -143,13 +147,20 @@ class Capture:
         self._conn = self._cur = None
 
     def _message(self, timeout: float) -> pgoutput.Message | None:
+        import psycopg2
+
         assert self._cur is not None
-        msg = self._cur.read_message()
-        if msg is None:
-            select.select([self._cur], [], [], timeout)
+        try:
             msg = self._cur.read_message()
             if msg is None:
-                return None
+                select.select([self._cur], [], [], timeout)
+                msg = self._cur.read_message()
+                if msg is None:
+                    return None
+        except (psycopg2.OperationalError, psycopg2.InterfaceError):
+            raise
+        except psycopg2.DatabaseError as exc:  # e.g. "no COPY in progress": the stream under it is gone
+            raise ReplicationLostError(f"replication stream lost: {str(exc).strip()}") from exc
         return pgoutput.decode(msg.payload)
 
     def next_transaction(self, timeout: float) -> SourceTransaction | None:

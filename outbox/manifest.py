@@ -3,7 +3,7 @@
 For each source transaction in the Kafka transaction (group commit puts several in one):
 its id as the ingest names it (``<commit LSN>/<xid>``, like ``_tidemark_txn.id``), how
 many events it has, and the exact offset span of its events in every partition they went
-to (taken from the delivery reports, before the commit). The record is produced after the
+to, with how many they are there (taken from the delivery reports, before the commit). The record is produced after the
 events and before the commit, in the same transaction, so it exists if and only if the
 events do: a consumer holding a manifest knows exactly which records make each source
 transaction whole, without reading them (G3 from the manifest, ``offsets.cut``).
@@ -16,8 +16,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-#: (topic, partition, first offset, last offset) of one source transaction's events in a partition.
-Span = tuple[str, int, int, int]
+#: (topic, partition, first offset, last offset, events) of one source transaction's events in a
+#: partition. ``last - first + 1 == events`` when no other producer's record lies between them.
+Span = tuple[str, int, int, int, int]
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,6 @@ class Manifest:
             raise ValueError("not a Tidemark transaction manifest (v1)")
         return cls(str(data["relay"]), str(data["end_lsn"]), tuple(
             ManifestEntry(str(t["id"]), int(t["events"]),
-                          tuple((str(s[0]), int(s[1]), int(s[2]), int(s[3])) for s in t["spans"]),
+                          tuple((str(s[0]), int(s[1]), int(s[2]), int(s[3]), int(s[4])) for s in t["spans"]),
                           bool(t.get("dead_lettered", False)))
             for t in data["txns"]))

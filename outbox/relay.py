@@ -70,7 +70,13 @@ from connectors.producer import (
     TransactionalProducer,
 )
 from outbox import headers as H
-from outbox.capture import Capture, SlotBusyError, SourceTransaction, TransactionTooLargeError
+from outbox.capture import (
+    Capture,
+    ReplicationLostError,
+    SlotBusyError,
+    SourceTransaction,
+    TransactionTooLargeError,
+)
 from outbox.deadletter import OversizedEventError, acknowledged, dead_letter_events
 from outbox.manifest import Manifest, ManifestEntry
 from outbox.pgoutput import format_lsn
@@ -347,9 +353,9 @@ class Relay:
                     return
                 at, offset = into.get((msg.topic(), msg.partition())), msg.offset()
                 if at is None:
-                    into[(msg.topic(), msg.partition())] = [offset, offset]
+                    into[(msg.topic(), msg.partition())] = [offset, offset, 1]
                 else:
-                    at[0], at[1] = min(at[0], offset), max(at[1], offset)
+                    at[0], at[1], at[2] = min(at[0], offset), max(at[1], offset), at[2] + 1
             return delivered
 
         def body(p: TransactionalProducer) -> None:
@@ -365,7 +371,8 @@ class Relay:
                 raise TransactionAbortedError(f"{len(failed)} event(s) not delivered, e.g. {failed[0]}")
             manifest = Manifest(self.config.id, format_lsn(position.end_lsn), tuple(
                 ManifestEntry(f"{format_lsn(t.commit_lsn)}/{t.xid}", len(t.events),
-                              tuple(sorted((tp[0], tp[1], a, b) for tp, (a, b) in spans[i].items())), i in group.dead)
+                              tuple(sorted((tp[0], tp[1], a, b, n) for tp, (a, b, n) in spans[i].items())),
+                              i in group.dead)
                 for i, t in enumerate(group.txns) if t.events))
             p.produce(self.config.manifest_topic, key=self.config.id.encode(), value=manifest.encode())
             _crash_point("manifested")
@@ -500,7 +507,7 @@ class Relay:
                             or group.size >= limits.max_bytes or len(group.txns) >= limits.max_transactions):
                         self._flush(producer, group, capture)
                         group = Group()
-                except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
+                except (psycopg2.OperationalError, psycopg2.InterfaceError, ReplicationLostError) as exc:
                     # PostgreSQL restarting or the session ended: reconnect and resume from the slot.
                     # Unacknowledged transactions come again and are skipped by position.
                     log.warning("PostgreSQL connection lost (%s); reconnecting", str(exc).strip().splitlines()[0])

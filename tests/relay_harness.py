@@ -377,7 +377,7 @@ def assert_relayed_exactly_once(setup: RelaySetup, committed: list[SourceTxn], r
                 f"(offsets {offsets[:10]}...); the relay's warnings:\n{setup.warnings()}")
     # And across partitions: one manifest entry per source transaction, whose spans are exactly
     # where its events are (the manifest commits with them, so it names one Kafka transaction).
-    entries: dict[str, list[tuple[str, int, int, int]]] = defaultdict(list)
+    entries: dict[str, list[tuple[str, int, int, int, int]]] = defaultdict(list)
     events_of: dict[str, int] = {}
     for manifest in setup.manifests():
         for entry in manifest.entries:
@@ -393,7 +393,7 @@ def assert_relayed_exactly_once(setup: RelaySetup, committed: list[SourceTxn], r
         where: dict[tuple[str, int], list[int]] = defaultdict(list)
         for r in got:
             where[(r.topic, r.partition)].append(r.offset)
-        actual = sorted((t, p, min(o), max(o)) for (t, p), o in where.items())
+        actual = sorted((t, p, min(o), max(o), len(o)) for (t, p), o in where.items())
         assert entries.get(name) == actual and events_of[name] == len(got), (
             f"manifest of {name}: {entries.get(name)} / {events_of.get(name)} events, topics hold {actual}")
     assert set(events_of) == {f"{header(by_id[t.events[0][0]], H.LSN)}/{t.xid}" for t in committed}

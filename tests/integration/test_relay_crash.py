@@ -68,9 +68,10 @@ def test_relay_recovers_by_itself_from_postgres_then_broker_restarts(settings: S
             kafka_cluster(settings, tmp_path / "kafka") as (bootstrap, kafka):
         if pg is None or kafka is None:
             pytest.skip("needs the embedded servers to restart them")
-        # A short retry window: the broker stays down longer than it, so the relay must step back
+        # Short retry and commit windows: the broker stays down longer than both, so the relay must step back
         # and resume by itself (an outage is transient, never an exit).
-        setup = RelaySetup.create(tmp_path, dsn, bootstrap, ack_every=5, kafka_retry_seconds=5)
+        setup = RelaySetup.create(tmp_path, dsn, bootstrap, ack_every=5, kafka_retry_seconds=5,
+                                  transaction_timeout_ms=10_000)
         backlog = Writers(setup, threads=4, late_rate=0.2, rollback_rate=0.15, seed=21).start()
         time.sleep(8)  # a backlog for the relay to work through across the restarts
         backlog.stop()
@@ -83,7 +84,7 @@ def test_relay_recovers_by_itself_from_postgres_then_broker_restarts(settings: S
             after_pg = Writers(setup, threads=2, late_rate=0.2, rollback_rate=0.15, pause=0.02, seed=22).start()
             time.sleep(4)
             kafka.kill_node(1)  # SIGKILL, mid-transaction most likely
-            time.sleep(20)  # four times the retry window
+            time.sleep(20)  # four times the retry window, twice the transaction timeout
             assert relay.poll() is None, f"the relay died of the outage:\n{setup.log_tail()}"
             kafka.start_node(1)
             time.sleep(4)
