@@ -194,8 +194,11 @@ class Relay:
 
     # -- set-up ------------------------------------------------------------------
 
-    def _ensure_topics(self, topics: set[str], *, compacted: bool = False) -> None:
-        """Create missing topics (shape from the config, else the cluster's defaults); learn each one's size limit."""
+    def _ensure_topics(self, topics: set[str], *, compacted: bool = False, single: bool = False) -> None:
+        """Create missing topics (shape from the config, else the cluster's defaults); learn each one's size limit.
+
+        ``compacted`` (the offsets topic) and ``single`` (the manifest, read in order) get one partition.
+        """
         from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
         missing = topics - self._known_topics
@@ -210,8 +213,8 @@ class Relay:
         config: dict[str, str] = dict(OFFSETS_TOPIC_CONFIG) if compacted else {}
         if self.config.min_insync_replicas is not None:
             config["min.insync.replicas"] = str(self.config.min_insync_replicas)
-        create = [NewTopic(t, 1 if compacted else (self.topic_partitions or -1), self.replication_factor or -1,
-                           config=config) for t in sorted(missing - existing)]
+        create = [NewTopic(t, 1 if compacted or single else (self.topic_partitions or -1),
+                           self.replication_factor or -1, config=config) for t in sorted(missing - existing)]
         if create:
             for topic, future in admin.create_topics(create).items():
                 try:
@@ -454,10 +457,10 @@ class Relay:
         capture: Capture | None = None
         self._pending_ids, self._pending_lsn, self._unacked = [], None, 0
         try:
-            producer.init()                                                    # step 1
+            producer.init(timeout=self.config.kafka_retry_seconds)             # step 1
             _crash_point("fenced")
             self._ensure_topics({self.config.offsets_topic}, compacted=True)
-            self._ensure_topics({self.config.manifest_topic})
+            self._ensure_topics({self.config.manifest_topic}, single=True)
             self._resume()                                                     # step 2
             _crash_point("resumed")
             group = Group()
