@@ -111,7 +111,7 @@ class TransactionalProducer:
         replaced instance (its closing, say) say nothing about the current one.
         """
         if generation is not None and generation != self.renewals:
-            return
+            return  # a replaced instance's events (its closing, its fencing) say nothing about this one
         if not err.fatal() and err.code() not in _FENCED:
             self._disturbed = self._disturbed or f"client error event {err.name()}"
 
@@ -126,8 +126,11 @@ class TransactionalProducer:
         log.warning("%s: Kafka connection disturbed (%s); replacing the producer so that a late request of a "
                     "past transaction cannot join the next one", self.transactional_id, self._disturbed)
         old = self._producer
-        old.purge()
-        old.flush(0)
+        try:
+            old.purge()
+            old.flush(0)
+        except KafkaException as exc:  # an instance in error has nothing left to send
+            log.debug("%s: purging the old instance: %s", self.transactional_id, exc.args[0])
         self.renewals += 1
         self._producer = self._new_instance()
         self._disturbed = None
@@ -187,6 +190,11 @@ class TransactionalProducer:
                 return
             except BufferError:
                 self._producer.poll(0.05)  # queue full: let deliveries drain
+            except KafkaException as exc:
+                err: KafkaError = exc.args[0]
+                if err.fatal():
+                    raise _fatal(err, f"producing to {topic}", self.transactional_id) from None
+                raise
 
     def flush(self, timeout: float) -> None:
         """Wait for every produced message's delivery report (their callbacks run here)."""
@@ -225,4 +233,9 @@ class TransactionalProducer:
             raise TransactionAbortedError(f"{what}: transaction aborted by {err.name()} ({err.str()})") from None
 
     def close(self, timeout: float = 10.0) -> None:
-        self._producer.flush(timeout)
+        """Deliver what is queued, if the instance still can. A fenced or failed instance has nothing
+        left to deliver, and its error must not hide the one that ended its caller's work."""
+        try:
+            self._producer.flush(timeout)
+        except KafkaException as exc:
+            log.debug("%s: closing an instance in error: %s", self.transactional_id, exc.args[0])
