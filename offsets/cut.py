@@ -25,6 +25,10 @@ neither resets nor shortens it). Past ``incomplete_timeout_seconds`` of such wai
 is *released*: taken as it is, flagged in its rows, instead of holding its partitions
 back forever. The decision is stored with the batch's intent, so a replay writes the same
 rows without asking the clock again.
+
+For topics the relay writes, its manifest lists every source transaction's exact spans,
+so the same spans and verdict come from the manifest with no read of the records
+(:func:`listed_spans`); both paths give the same cut on the same data.
 """
 
 from __future__ import annotations
@@ -143,6 +147,63 @@ def judge(spans: Iterable[TxnSpan], found: Mapping[str, frozenset[int]], lso: Ma
     seen = {s.txn for s in all_spans}
     new_waits |= {txn: wait for txn, wait in waits.items() if txn not in seen}
     return Verdict(tuple(sorted(whole)), new_waits, tuple(overdue))
+
+
+@dataclass(frozen=True)
+class ListedTxn:
+    """A source transaction as the relay's manifest lists it, restricted to this pipeline's topics."""
+
+    txn: str
+    spans: tuple[tuple[TP, int, int, int], ...]
+    """Per partition: (partition, first offset, last offset, events there)."""
+
+    @property
+    def expected(self) -> int:
+        return sum(n for _, _, _, n in self.spans)
+
+
+def listed_spans(listed: Iterable[ListedTxn], ranges: Iterable[Range], lso: Mapping[TP, int],
+                 waits: Mapping[str, Wait], planned_at: datetime,
+                 timeout: timedelta) -> tuple[list[TxnSpan], Verdict]:
+    """What the scan and :func:`judge` decide, from the manifest instead of the records.
+
+    The manifest says where every event of a listed transaction is, so nothing is searched:
+    a transaction is whole in Kafka when each of its spans lies at or past its partition's
+    start and below its LSO; otherwise its missing events are not readable by this pipeline
+    (before its start, on a partition it does not read) and it waits like any other.
+    Returns the spans :func:`cut_ranges` needs (events inside the proposal counted from
+    whole spans only) and the verdict, in the same form as the scan's.
+    """
+    proposal = tuple(ranges)
+    starts = {r.tp: r.start for r in proposal}
+    ends = {r.tp: r.end for r in proposal}
+    found: list[TxnSpan] = []
+    whole: list[str] = []
+    new_waits: dict[str, Wait] = {}
+    overdue: list[TxnSpan] = []
+    for item in listed:
+        if item.expected <= 1:
+            continue  # one event here: whole by definition
+        inside = {tp: (first, last) for tp, first, last, _ in item.spans
+                  if tp in ends and first < ends[tp] and last >= starts[tp]}
+        if not inside:
+            continue  # nothing of it in this batch
+        seen = sum(n for tp, first, last, n in item.spans if tp in ends and first >= starts[tp] and last < ends[tp])
+        span = TxnSpan(item.txn, seen, item.expected, inside)
+        found.append(span)
+        if span.complete:
+            continue
+        if all(tp in ends and first >= starts[tp] and last < lso.get(tp, 0) for tp, first, last, _ in item.spans):
+            whole.append(item.txn)
+            continue
+        before = waits.get(item.txn)
+        wait = Wait(since=before.since if before else planned_at, searched={})
+        new_waits[item.txn] = wait
+        if planned_at - wait.since >= timeout:
+            overdue.append(span)
+    seen_txns = {s.txn for s in found}
+    new_waits |= {txn: wait for txn, wait in waits.items() if txn not in seen_txns}
+    return found, Verdict(tuple(sorted(whole)), new_waits, tuple(overdue))
 
 
 def cut_ranges(ranges: Iterable[Range], spans: Iterable[TxnSpan], released: Iterable[str] = ()) -> Cut:

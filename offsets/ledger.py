@@ -106,6 +106,9 @@ class Intent:
     """Multi-event source transactions the planning scan saw in the proposed ranges (None: no scan)."""
     waiting: Mapping[str, Wait] = field(default_factory=dict)
     """Source transactions missing events at the readable frontier, and since when (G3's timeout)."""
+    manifest: tuple[int, int, int] | None = None
+    """G3 from the relay's manifest: the manifest offsets ``[from, to)`` read for this batch (its
+    write is guarded against any transaction they do not list), and where the next batch reads from."""
 
     def ends(self) -> dict[TP, int]:
         return {r.tp: r.end for r in self.ranges}
@@ -135,6 +138,8 @@ class Intent:
                                         "txns": self.txns}
         if self.waiting:
             decisions["waiting"] = {txn: w.to_dict() for txn, w in sorted(self.waiting.items())}
+        if self.manifest is not None:
+            decisions["manifest"] = list(self.manifest)
         return json.dumps(decisions, separators=(",", ":"), sort_keys=True)
 
     def starts_waiting(self, last: Intent | None) -> bool:
@@ -232,6 +237,7 @@ class Ledger:
                 dedup_version=decisions.get("dedup_version"), guarded=bool(decisions.get("guarded", False)),
                 txns=decisions.get("txns"),
                 waiting={txn: Wait.from_dict(w) for txn, w in (decisions.get("waiting") or {}).items()},
+                manifest=tuple(decisions["manifest"]) if decisions.get("manifest") else None,  # type: ignore[arg-type]
             )
             # A batch has one claim row and at most one revision, which is never guarded.
             known = by_batch.get(intent.batch_id)

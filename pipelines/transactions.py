@@ -15,13 +15,14 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from collections.abc import Callable, Generator, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from connectors.admin import PartitionBounds
-from offsets.cut import TxnSpan, cut_ranges, judge, search_regions
+from offsets.cut import ListedTxn, TxnSpan, Verdict, cut_ranges, judge, listed_spans, search_regions
 from offsets.ledger import TP, Intent, Wait
 from outbox import headers as H
 from tidemark.config import PipelineConfig
@@ -124,15 +125,21 @@ def _counts(raw: bytes | None) -> dict[str, int] | None:
     return data
 
 
-def guard(txn: Column) -> Column:
-    """For a guarded batch's write (offsets.protocol): null unless the row's ``_tidemark_txn`` is multi-event.
+def guard(txn: Column, known: frozenset[str] = frozenset()) -> Column:
+    """For a guarded batch's write (offsets.protocol): null unless the row's ``_tidemark_txn`` is
+    multi-event and not one of ``known`` (the transactions a manifest cut made whole in the batch).
 
-    Exactly the rows :func:`scan` would keep, so a batch that passes is one whose scan
-    would have found nothing to cut.
+    Without ``known``, exactly the rows :func:`scan` would keep, so a batch that passes is
+    one whose scan would have found nothing to cut. The set is given to Spark as SQL text,
+    one parse on the JVM, which turns it into a hash set (``InSet``).
     """
     from pyspark.sql import functions as F
 
-    return F.when(txn.isNotNull() & (txn["expected"] > 1), F.concat(
+    unknown = txn.isNotNull() & (txn["expected"] > 1)
+    if known:
+        listed = ",".join("'" + t.replace("\\", "\\\\").replace("'", "\\'") + "'" for t in sorted(known))
+        unknown = unknown & ~F.expr(f"{TXN_COLUMN}.id IN ({listed})")
+    return F.when(unknown, F.concat(
         F.lit("record "), F.col("topic"), F.lit(":"), F.col("partition").cast("string"), F.lit("@"),
         F.col("offset").cast("string"), F.lit(" belongs to multi-event source transaction "), txn["id"]))
 
@@ -357,6 +364,13 @@ def cut(client_config: Mapping[str, str], pipeline: PipelineConfig, intent: Inte
     policy = pipeline.transactions
     verdict = judge(found_spans, found, lso, waits, intent.planned_at,
                     timedelta(seconds=policy.incomplete_timeout_seconds))
+    return _decided(pipeline, intent, found_spans, verdict)
+
+
+def _decided(pipeline: PipelineConfig, intent: Intent, found_spans: list[TxnSpan], verdict: Verdict,
+             manifest: ManifestRead | None = None) -> Intent:
+    """The policy applied to a verdict, and the cut: the intent as the ledger will store it."""
+    policy = pipeline.transactions
     late = verdict.overdue
     if late and policy.on_incomplete == "stop":
         names = ", ".join(f"{s.txn} ({s.seen} of {s.expected} events)" for s in late[:5])
@@ -376,5 +390,189 @@ def cut(client_config: Mapping[str, str], pipeline: PipelineConfig, intent: Inte
         log.info("batch %d: %d source transaction(s) not whole in this batch wait for a later one (%d of them "
                  "missing events below the LSO)", intent.batch_id, len(decided.held),
                  sum(1 for t in decided.held if t in waiting))
-    return replace(intent, guarded=False, txns=len(found_spans), ranges=decided.ranges, released=decided.released,
-                   held=len(decided.held), waiting=waiting)
+    cursor = intent.manifest  # a scan keeps whatever cursor the plan had
+    if manifest is not None:
+        cursor = (manifest.start, manifest.end, manifest.next_cursor({r.tp: r.end for r in decided.ranges}))
+    return replace(intent, guarded=manifest is not None, txns=len(found_spans), ranges=decided.ranges,
+                   released=decided.released, held=len(decided.held), waiting=waiting, manifest=cursor)
+
+
+# -- G3 from the relay's manifest ------------------------------------------------------------
+
+#: How far before the first record of a pipeline's first batch its manifest is looked for: a
+#: manifest record is produced after its events, within the transaction's timeout (broker max 15 min).
+MANIFEST_LOOKBACK_MS = 15 * 60 * 1000
+
+#: How long the manifest read waits for an open relay transaction below its high watermark.
+MANIFEST_WAIT_SECONDS = 3.0
+
+
+@dataclass(frozen=True)
+class ManifestRead:
+    """What one read of the manifest found for a batch's proposed ranges."""
+
+    start: int
+    end: int
+    """Manifest offsets read: ``[start, end)``."""
+    listed: tuple[ListedTxn, ...]
+    """Transactions with an event inside the proposed ranges."""
+    records: tuple[tuple[int, tuple[tuple[TP, int], ...]], ...]
+    """Per record read: its offset and each of its spans' (partition, last offset): where the next read starts."""
+
+    def next_cursor(self, ends: Mapping[TP, int]) -> int:
+        """The first record with an event at or past ``ends`` (a later batch's); ``end`` when none."""
+        for offset, spans in self.records:
+            if any(tp in ends and last >= ends[tp] for tp, last in spans):
+                return offset
+        return self.end
+
+
+def _manifest_consumer(client_config: Mapping[str, str], isolation: str) -> Any:
+    import uuid
+
+    from confluent_kafka import Consumer
+
+    return Consumer({**client_config, "group.id": f"tidemark-manifest-{uuid.uuid4().hex[:8]}",
+                     "isolation.level": isolation, "enable.auto.commit": False, "enable.partition.eof": True,
+                     "auto.offset.reset": "earliest"})
+
+
+def _listed(raw: bytes, mine: Callable[[str], bool]) -> list[tuple[str, tuple[tuple[TP, int, int, int], ...]]]:
+    from outbox.manifest import Manifest
+
+    try:
+        manifest = Manifest.decode(raw)
+    except (ValueError, KeyError, TypeError, IndexError):
+        return []  # not ours: the guard catches whatever it was meant to describe
+    return [(e.txn, tuple(((t, p), first, last, n) for t, p, first, last, n in e.spans if mine(t)))
+            for e in manifest.entries if not e.dead_lettered]
+
+
+def read_manifest(client_config: Mapping[str, str], pipeline: PipelineConfig, intent: Intent,
+                  cursor: int | None) -> ManifestRead | None:
+    """The manifest records that list transactions with events in ``intent``'s ranges, or None (no manifest).
+
+    Reads from ``cursor`` (the previous batch's next cursor; for a first batch, from the
+    records a little older than the ranges' first records) until it has passed the high
+    watermark seen at the start, or every relay it met has written two records entirely
+    past the ranges (a relay's records follow its events' order), or an open relay
+    transaction holds it for :data:`MANIFEST_WAIT_SECONDS`. Stopping early costs nothing
+    in correctness: the batch's write rejects any multi-event transaction the read did not list.
+    """
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+    topic = pipeline.transactions.manifest_topic
+    if topic is None:
+        return None
+    probe = _manifest_consumer(client_config, "read_uncommitted")
+    try:
+        metadata = probe.list_topics(topic, timeout=15).topics.get(topic)
+        if metadata is None or metadata.error is not None or len(metadata.partitions) != 1:
+            return None
+        low, high = probe.get_watermark_offsets(TopicPartition(topic, 0), timeout=15, cached=False)
+        if cursor is None or cursor < low:
+            cursor = _first_manifest_offset(client_config, probe, topic, intent, int(low), int(high))
+    except KafkaException:
+        return None  # the manifest is an optimisation: the scan and the guard still hold
+    finally:
+        probe.close()
+    starts = {r.tp: r.start for r in intent.ranges}
+    ends = {r.tp: r.end for r in intent.ranges}
+    mine = topic_filter(pipeline)
+    listed: list[ListedTxn] = []
+    records: list[tuple[int, tuple[tuple[TP, int], ...]]] = []
+    streak: dict[bytes, int] = {}
+    position = cursor
+    reader = _manifest_consumer(client_config, "read_committed")
+    try:
+        reader.assign([TopicPartition(topic, 0, cursor)])
+        progress = time.monotonic()
+        while position < high:
+            for m in reader.consume(num_messages=500, timeout=0.1):
+                if m.error() is not None:
+                    if m.error().code() != KafkaError._PARTITION_EOF:
+                        return None
+                    continue
+                entries = _listed(m.value() or b"", mine)
+                records.append((m.offset(), tuple((tp, last) for _, spans in entries for tp, _, last, _ in spans)))
+                beyond = True
+                for txn, spans in entries:
+                    if any(tp in ends and first < ends[tp] and last >= starts[tp] for tp, first, last, _ in spans):
+                        listed.append(ListedTxn(txn, spans))
+                    if any(tp in ends and first < ends[tp] for tp, first, _, _ in spans):
+                        beyond = False
+                streak[m.key() or b""] = streak.get(m.key() or b"", 0) + 1 if beyond else 0
+            now = reader.position([TopicPartition(topic, 0)])[0].offset
+            if now > position:
+                position, progress = now, time.monotonic()
+            if streak and min(streak.values()) >= 2:
+                break
+            if time.monotonic() - progress > MANIFEST_WAIT_SECONDS:
+                break
+    finally:
+        reader.close()
+    return ManifestRead(cursor, max(position, cursor), tuple(listed), tuple(records))
+
+
+def _first_manifest_offset(client_config: Mapping[str, str], probe: Any, topic: str, intent: Intent,
+                           low: int, high: int) -> int:
+    """Where a pipeline's first manifest read starts: records a little older than its ranges' first records."""
+    from confluent_kafka import TopicPartition
+
+    from connectors.range_reader import RangeReader
+
+    ranges = [(r.topic, r.partition, r.start, r.start + 1) for r in intent.ranges if r.span]
+    stamps = []
+    with RangeReader(client_config, ranges, fetch_bytes=1024 * 1024, partition_fetch_bytes=64 * 1024) as reader:
+        for m in reader.records():
+            stamps.append(m.timestamp()[1])
+    if not stamps:
+        return high
+    found = probe.offsets_for_times([TopicPartition(topic, 0, max(0, min(stamps) - MANIFEST_LOOKBACK_MS))],
+                                    timeout=15)
+    offset = found[0].offset
+    return low if offset < 0 and offset != -1 else (high if offset < 0 else max(low, offset))
+
+
+def known_transactions(client_config: Mapping[str, str], pipeline: PipelineConfig, intent: Intent) -> frozenset[str]:
+    """The transactions the manifest lists with events in ``intent``'s ranges, read again from
+    exactly the records its plan read (a replay's guard). Records lost since: fewer known, so the
+    guard may reject the batch, which is then planned with the scan: slower, never wrong."""
+    from confluent_kafka import KafkaError, TopicPartition
+
+    if intent.manifest is None or pipeline.transactions.manifest_topic is None:
+        return frozenset()
+    start, end, _ = intent.manifest
+    topic = pipeline.transactions.manifest_topic
+    starts = {r.tp: r.start for r in intent.ranges}
+    ends = {r.tp: r.end for r in intent.ranges}
+    mine = topic_filter(pipeline)
+    known: set[str] = set()
+    reader = _manifest_consumer(client_config, "read_committed")
+    try:
+        reader.assign([TopicPartition(topic, 0, start)])
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            for m in reader.consume(num_messages=500, timeout=0.1):
+                if m.error() is None and m.offset() < end:
+                    known |= {txn for txn, spans in _listed(m.value() or b"", mine)
+                              if any(tp in ends and first < ends[tp] and last >= starts[tp]
+                                     for tp, first, last, _ in spans)}
+                elif m.error() is not None and m.error().code() != KafkaError._PARTITION_EOF:
+                    return frozenset(known)
+            if reader.position([TopicPartition(topic, 0)])[0].offset >= end:
+                break
+    finally:
+        reader.close()
+    return frozenset(known)
+
+
+def cut_listed(pipeline: PipelineConfig, intent: Intent, read: ManifestRead, bounds: Mapping[TP, PartitionBounds],
+               last: Intent | None) -> Intent:
+    """``intent`` cut from the manifest (as :func:`cut` does from the scan), guarded against the unlisted."""
+    waits: Mapping[str, Wait] = last.waiting if last else {}
+    policy = pipeline.transactions
+    lso = {tp: b.stable_end for tp, b in bounds.items()}
+    spans, verdict = listed_spans(read.listed, intent.ranges, lso, waits, intent.planned_at,
+                                  timedelta(seconds=policy.incomplete_timeout_seconds))
+    return _decided(pipeline, intent, spans, verdict, manifest=read)

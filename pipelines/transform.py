@@ -71,8 +71,9 @@ def read_ranges(spark: SparkSession, kafka_options: dict[str, str], intent: Inte
 
 
 def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: PipelineConfig, intent: Intent,
-           *, dedup_table: str | None = None) -> BatchFrames:
-    """The batch's frames; ``dedup_table`` is where dedup looks ids up (default: the target)."""
+           *, dedup_table: str | None = None, known: frozenset[str] = frozenset()) -> BatchFrames:
+    """The batch's frames; ``dedup_table`` is where dedup looks ids up (default: the target);
+    ``known``: the multi-event source transactions a manifest cut made whole here (the guard lets them be)."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
@@ -126,7 +127,7 @@ def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: Pipelin
     flag: Column | None = None
     if pipeline.transactions.atomic:
         txn = F.col(TXN_COLUMN)
-        flag = guard(txn)
+        flag = guard(txn, known)
         if intent.released:
             txn = F.when(txn.isNotNull(), txn.withField("released", txn["id"].isin(*intent.released)))
         extra.append(txn.alias(TXN_COLUMN))

@@ -91,6 +91,11 @@ class TransactionsConfig(BaseModel):
     on_incomplete: Literal["release", "stop"] = "release"
     """``release``: write what arrived, flagged ``_tidemark_txn.released``, and log an alert;
     ``stop``: fail the run with the transaction named, writing nothing of it."""
+    manifest_topic: str | None = "tidemark.relay-manifest"
+    """The relay's transaction manifest (``relay.manifest_topic``). Where it lists a batch's source
+    transactions, the batch is cut from it, with no read of the records; its write is checked
+    against any multi-event transaction it does not list. Null, or no such topic: the scan or
+    the guard below decide."""
     scan: Literal["auto", "always"] = "auto"
     """How a batch is proved free of torn transactions. ``always``: a planning scan reads the
     batch's headers before it is written, and the cut is made from them. ``auto``: after a

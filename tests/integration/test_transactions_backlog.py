@@ -144,3 +144,50 @@ def test_only_a_transaction_missing_events_below_the_lso_is_released_after_the_t
     for version, txns in final.items():  # before the release, every version held whole transactions only
         for txn, (rows, expected, released) in txns.items():
             assert rows == expected or (txn == victim_id and released), (version, txn, rows, expected)
+
+
+def test_the_manifest_cut_equals_the_scan_cut_version_by_version_with_no_scan(
+        spark, postgres_dsn: str, kafka_bootstrap: str, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from pipelines import transactions
+
+    setup = RelaySetup.create(tmp_path, postgres_dsn, kafka_bootstrap)
+    writers = Writers(setup, threads=2, pause=0.02, late_rate=0.2, rollback_rate=0.15, seed=9).start()
+    time.sleep(2.5)
+    writers.stop()
+    setup.drain()
+    written = _txn_ids(setup)
+    pattern = setup.prefix.replace(".", r"\.") + r"\.(order|payment|shipment)"
+
+    def config(name: str, **g3: Any) -> TidemarkConfig:
+        return parse_config({"kafka": {"bootstrap_servers": setup.bootstrap}, "pipelines": [{
+            "name": name, "topic_pattern": pattern, "target": str(tmp_path / name), "schema": "key STRING, seq BIGINT",
+            "max_records_per_batch": 80, "transactions": g3}]})
+
+    scans = []
+    real_scan = transactions.scan
+    monkeypatch.setattr(transactions, "scan", lambda *a, **k: scans.append(1) or real_scan(*a, **k))
+    by_manifest = config("manifest", manifest_topic=setup.manifest_topic)
+    IngestJob(spark, by_manifest, by_manifest.pipelines[0], kafka_bootstrap).run_bounded()
+    assert scans == [], "the manifest path read the records' headers"
+    by_scan = config("scanned", manifest_topic=None, scan="always")
+    IngestJob(spark, by_scan, by_scan.pipelines[0], kafka_bootstrap).run_bounded()
+    assert scans, "the scan path did not scan"
+
+    plans = Ledger(spark, by_manifest.pipelines[0].ledger_path, "manifest").history()
+    assert len(plans) >= 3 and all(i.manifest is not None and i.guarded for i in plans)
+    assert sum(i.held for i in plans) > 0, "the cap split no transaction: the test proves less than it claims"
+    scanned = Ledger(spark, by_scan.pipelines[0].ledger_path, "scanned").history()
+    assert [i.ranges for i in plans] == [i.ranges for i in scanned]
+
+    def offsets(name: str) -> dict[int, set[tuple[str, int, int]]]:
+        from delta.tables import DeltaTable
+
+        target = str(tmp_path / name)
+        versions = [int(r.version) for r in DeltaTable.forPath(spark, target).history().select("version").collect()]
+        return {v: {(r[0], r[1], r[2]) for r in spark.read.format("delta").option("versionAsOf", v).load(target)
+                    .select("_kafka_topic", "_kafka_partition", "_kafka_offset").collect()} for v in versions}
+
+    assert offsets("manifest") == offsets("scanned")
+    for version, txns in _by_version(spark, str(tmp_path / "manifest")).items():
+        for txn, (rows, expected, released) in txns.items():
+            assert rows == expected == written[txn] and not released, f"version {version}: {txn}"

@@ -152,3 +152,53 @@ def test_random_cuts_are_valid_and_the_largest_valid_cut() -> None:
                  if _brute_force_ok(visible, dict(zip(tps, combo, strict=True)))]
         best = {tp: max(v[tp] for v in valid) for tp in tps}
         assert ends == best, (ends, best, visible)
+
+
+def test_the_manifest_and_the_scan_give_the_same_cut() -> None:
+    """Random relay-like partitions: each transaction's events are a gap-free run per partition.
+    The scan sees the events inside the proposal; the manifest lists every span. Same cut, same
+    held transactions, same 'whole in Kafka' verdicts."""
+    from offsets.cut import ListedTxn, listed_spans
+
+    rng = random.Random(5)
+    for _ in range(300):
+        tps = [("a", 0), ("a", 1), ("b", 0)]
+        cursor = {tp: 0 for tp in tps}
+        events: dict[str, dict[tuple[str, int], list[int]]] = {}
+        for i in range(rng.randint(1, 10)):
+            txn = events.setdefault(f"t{i}", {})
+            for tp in rng.sample(tps, rng.randint(1, 3)):
+                n = rng.randint(1, 3)
+                txn[tp] = list(range(cursor[tp], cursor[tp] + n))
+                cursor[tp] += n + (1 if rng.random() < 0.5 else 0)  # a commit marker, sometimes
+        lso = dict(cursor)
+        ranges = [Range(t, p, 0, max(0, lso[(t, p)] - rng.randint(0, 4))) for t, p in tps]
+        ends = {r.tp: r.end for r in ranges}
+        scanned = []
+        for txn, where in events.items():
+            inside = {tp: [o for o in offs if o < ends[tp]] for tp, offs in where.items()}
+            inside = {tp: offs for tp, offs in inside.items() if offs}
+            total = sum(len(o) for o in where.values())
+            if inside and total > 1:
+                scanned.append(TxnSpan(txn, sum(len(o) for o in inside.values()), total,
+                                       {tp: (min(o), max(o)) for tp, o in inside.items()}))
+        listed = [ListedTxn(txn, tuple((tp, min(o), max(o), len(o)) for tp, o in where.items()))
+                  for txn, where in events.items()]
+        from_manifest, verdict = listed_spans(listed, ranges, lso, {}, T0, TIMEOUT)
+        assert cut_ranges(ranges, from_manifest) == cut_ranges(ranges, scanned)
+        # Everything is below the LSO here: what is not whole in the batch is whole in Kafka.
+        assert verdict.waits == {} and set(verdict.whole_in_kafka) == {s.txn for s in scanned if not s.complete}
+
+
+def test_a_listed_transaction_missing_events_before_the_start_waits_then_is_overdue() -> None:
+    from offsets.cut import ListedTxn, listed_spans
+
+    ranges = [Range("a", 0, 10, 20), Range("a", 1, 5, 9)]
+    lso = {("a", 0): 20, ("a", 1): 9}
+    # Its a[1] event lies before the pipeline's start there (the pipeline began after it).
+    early = ListedTxn("t1", ((("a", 0), 12, 12, 1), (("a", 1), 3, 3, 1)))
+    spans, first = listed_spans([early], ranges, lso, {}, T0, TIMEOUT)
+    assert first.waits["t1"].since == T0 and first.overdue == ()
+    assert cut_ranges(ranges, spans).ranges == (Range("a", 0, 10, 12), Range("a", 1, 5, 9))
+    _, later = listed_spans([early], ranges, lso, first.waits, T0 + TIMEOUT, TIMEOUT)
+    assert [s.txn for s in later.overdue] == ["t1"]
