@@ -1,22 +1,25 @@
-"""What G3 (whole source transactions) and dedup cost, side by side on the same relay-style data.
+"""What G3 (whole source transactions) and dedup cost, side by side on the same relay-written data.
 
-``--records`` events are written the way the relay writes them: source transactions of
-1-8 events spread over 3 topics x 3 partitions, one Kafka transaction each, with the
-``tidemark.*`` headers and an ``id`` header. Three pipeline settings then load all of it
-into fresh tables from one SparkSession, order alternating over ``--reps``:
+``--records`` events are written by the real relay: an outbox gets source transactions of
+1-8 events over 3 aggregate types (3 topics x 3 partitions), committed in PostgreSQL, and
+:class:`outbox.relay.Relay` relays them (group commit, with its transaction manifest).
+Four pipeline settings then load all of it into fresh tables from one SparkSession, order
+alternating over ``--reps``:
 
 * ``plain``: ``transactions.atomic: false``, no dedup (the rows, offsets and guarantees
   G1/G2/G7 only);
-* ``g3``: the default (``transactions.scan: auto``): the first batch is written guarded,
-  meets a multi-event transaction, and is revised with the planning scan and the cut;
-* ``g3-scan``: ``transactions.scan: always``: scanned and cut from the start;
-* ``g3+dedup``: also ``dedup: {}`` (window lookup in the table, copies within the batch).
+* ``g3``: the default: each batch cut from the relay's manifest, no read of the records
+  beyond the write itself, the write checking that nothing unlisted is multi-event;
+* ``g3-scan``: ``transactions.scan: always`` and no manifest: a planning scan of every
+  batch's headers (what G3 cost before the manifest);
+* ``g3+dedup``: the default and ``dedup: {}`` (window lookup in the table, copies within the batch).
 
-Each run is checked: every event once, every transaction whole. Reported: medians and
-the ratios to ``plain``.
+Each run is checked: every event once, every transaction whole. Reported: medians, the
+time ratios to ``plain`` and G3's throughput as a fraction of plain's; ``--json FILE``
+writes them (``ratio_g3_vs_plain``: throughput, g3 / plain).
 
     .venv/bin/python -m bench.g3_bench                         # 200,000 events, 2 reps
-    .venv/bin/python -m bench.g3_bench --records 20000 --reps 1
+    .venv/bin/python -m bench.g3_bench --records 20000 --reps 1 --json g3.json
 """
 
 from __future__ import annotations
@@ -28,62 +31,67 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.common import emit, header, kafka_broker, loadavg
+from bench.common import emit, emit_json, header, kafka_broker, loadavg
+from bench.relay_bench import postgres
 
 SCHEMA = "order_id STRING, amount DOUBLE, note STRING"
-SETTINGS: dict[str, dict[str, Any]] = {
-    "plain": {"transactions": {"atomic": False}},
-    "g3": {},
-    "g3-scan": {"transactions": {"scan": "always"}},
-    "g3+dedup": {"dedup": {}},
-}
+AGGREGATES = ("order", "payment", "shipment")
 
 
-def produce(bootstrap: str, topics: list[str], records: int, *, value_bytes: int, seed: int) -> int:
-    """Relay-style source transactions; returns how many transactions were written."""
-    from confluent_kafka import Producer
+def settings_for(manifest: str) -> dict[str, dict[str, Any]]:
+    return {
+        "plain": {"transactions": {"atomic": False}},
+        "g3": {"transactions": {"manifest_topic": manifest}},
+        "g3-scan": {"transactions": {"scan": "always", "manifest_topic": None}},
+        "g3+dedup": {"dedup": {}, "transactions": {"manifest_topic": manifest}},
+    }
 
-    from outbox import headers as H
 
+def relay_written(bootstrap: str, dsn: str, records: int, *, value_bytes: int, seed: int) -> tuple[list[str], str, int]:
+    """``records`` events in source transactions of 1-8, relayed by the real relay; (topics, manifest topic, txns)."""
+    import psycopg2
+    from psycopg2.extras import execute_values
+
+    from outbox.relay import Relay
+    from outbox.schema import TableName, init_outbox
+    from tidemark.config import RelayConfig
+
+    run = uuid.uuid4().hex[:6]
+    relay = RelayConfig(id=f"g3bench-{run}", table=f"public.outbox_{run}", topic=f"bench-g3-{run}-{{aggregatetype}}",
+                        offsets_topic=f"bench-g3-{run}.offsets", manifest_topic=f"bench-g3-{run}.manifest",
+                        topic_partitions=3)
+    table = TableName.parse(relay.table)
+    init_outbox(dsn, table=table, publication=relay.publication_name, slot=relay.slot_name)
     rng = random.Random(seed)
-    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"g3bench-{uuid.uuid4().hex[:8]}",
-                         "enable.idempotence": True, "linger.ms": 5, "queue.buffering.max.kbytes": 1_048_576})
-    producer.init_transactions(30)
     written = txns = 0
-    # Many source transactions per Kafka transaction, to write fast (the relay makes one each);
-    # the ingest's cut reads only the headers, never the Kafka transaction boundaries.
-    per_commit = 200
-    pending = 0
-    producer.begin_transaction()
-    while written < records:
-        size = min(rng.randint(1, 8), records - written)
-        placement = [(rng.choice(topics), rng.randrange(3)) for _ in range(size)]
-        counts: dict[str, int] = {}
-        for t, _ in placement:
-            counts[t] = counts.get(t, 0) + 1
-        txns += 1
-        lsn = f"0/{txns:X}"
-        for position, (topic, partition) in enumerate(placement):
-            body = {"order_id": f"o-{written}", "amount": round(rng.uniform(1, 500), 2), "note": ""}
-            body["note"] = "x" * max(0, value_bytes - len(json.dumps(body)))
-            producer.produce(topic, value=json.dumps(body).encode(), key=f"k{rng.randrange(100)}".encode(),
-                             partition=partition, headers=[
-                                 (H.EVENT_ID, f"e-{written}"), (H.TXID, str(txns)), (H.LSN, lsn),
-                                 (H.POSITION, str(position)), (H.SIZE, str(size)),
-                                 (H.TOPIC_COUNTS, json.dumps(dict(sorted(counts.items())), separators=(",", ":")))])
-            written += 1
-        pending += 1
-        if pending == per_commit:
-            producer.commit_transaction(60)
-            producer.begin_transaction()
-            pending = 0
-    producer.commit_transaction(60)
-    return txns
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            while written < records:
+                rows = []
+                for _ in range(min(rng.randint(1, 8), records - written)):
+                    body = {"order_id": f"o-{written}", "amount": round(rng.uniform(1, 500), 2), "note": ""}
+                    body["note"] = "x" * max(0, value_bytes - len(json.dumps(body)))
+                    rows.append((str(uuid.uuid4()), rng.choice(AGGREGATES), f"k{rng.randrange(100)}", "Changed",
+                                 json.dumps(body)))
+                    written += 1
+                execute_values(cur, f"INSERT INTO {table.sql} (id, aggregatetype, aggregateid, type, payload) "
+                               "VALUES %s", rows, template="(%s, %s, %s, %s, %s::jsonb)")
+                conn.commit()
+                txns += 1
+    finally:
+        conn.close()
+    job = Relay(relay, dsn=dsn, client_config={"bootstrap.servers": bootstrap})
+    job.run(threading.Event(), idle_exit=3)
+    if job.report.events != records:
+        raise AssertionError(f"the relay relayed {job.report.events} of {records} events")
+    return [relay.topic_for(a) for a in AGGREGATES], relay.manifest_topic, txns
 
 
 def run(spark: Any, bootstrap: str, topics: list[str], target: Path, settings: dict[str, Any]) -> tuple[int, int]:
@@ -109,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--value-bytes", type=int, default=300)
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--bootstrap", help="use this Kafka cluster instead of a fresh embedded broker")
+    parser.add_argument("--dsn", help="use this PostgreSQL instead of a fresh embedded server")
     parser.add_argument("--output", help="also write the markdown report to this file")
+    parser.add_argument("--json", help="write the figures as JSON to this file")
     args = parser.parse_args(argv)
 
     from infra.spark import build_session
@@ -117,32 +127,29 @@ def main(argv: list[str] | None = None) -> int:
 
     load_before = loadavg()
     work = Path(tempfile.mkdtemp(prefix="tidemark-g3-bench-"))
-    times: dict[str, list[float]] = {name: [] for name in SETTINGS}
-    batches: dict[str, list[int]] = {name: [] for name in SETTINGS}
+    times: dict[str, list[float]] = {}
+    batches: dict[str, list[int]] = {}
     try:
-        with kafka_broker(args.bootstrap) as (bootstrap, _):
-            from confluent_kafka.admin import AdminClient, NewTopic
-
-            run_id = uuid.uuid4().hex[:6]
-            topics = [f"bench-g3-{run_id}-{t}" for t in ("order", "payment", "shipment")]
-            admin = AdminClient({"bootstrap.servers": bootstrap})  # must outlive the futures
-            for future in admin.create_topics([NewTopic(t, 3, 1) for t in topics]).values():
-                future.result(30)
-            txns = produce(bootstrap, topics, args.records, value_bytes=args.value_bytes, seed=7)
-            print(f"produced {args.records:,} events in {txns:,} source transactions", flush=True)
+        with kafka_broker(args.bootstrap) as (bootstrap, _), postgres(args.dsn) as dsn:
+            t0 = time.perf_counter()
+            topics, manifest, txns = relay_written(bootstrap, dsn, args.records, value_bytes=args.value_bytes,
+                                                   seed=7)
+            print(f"relayed {args.records:,} events in {txns:,} source transactions "
+                  f"({time.perf_counter() - t0:.0f}s)", flush=True)
+            settings = settings_for(manifest)
             spark = build_session(load_settings(), "tidemark-g3-bench", warehouse=work / "warehouse")
             try:
-                run(spark, bootstrap, topics, work / "warmup", SETTINGS["plain"])  # JVM, page cache
+                run(spark, bootstrap, topics, work / "warmup", settings["plain"])  # JVM, page cache
                 for rep in range(args.reps):
-                    order = list(SETTINGS) if rep % 2 == 0 else list(reversed(SETTINGS))
+                    order = list(settings) if rep % 2 == 0 else list(reversed(settings))
                     for name in order:
                         target = work / f"{name}-{rep}"
                         t0 = time.perf_counter()
-                        rows, n = run(spark, bootstrap, topics, target, SETTINGS[name])
+                        rows, n = run(spark, bootstrap, topics, target, settings[name])
                         elapsed = time.perf_counter() - t0
                         verify(spark, target, args.records)
-                        times[name].append(elapsed)
-                        batches[name].append(n)
+                        times.setdefault(name, []).append(elapsed)
+                        batches.setdefault(name, []).append(n)
                         print(f"rep {rep + 1} {name}: {elapsed:.1f}s, {rows:,} rows, {n} batch(es)", flush=True)
                         shutil.rmtree(target, ignore_errors=True)
             finally:
@@ -151,16 +158,21 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
 
     med = {name: statistics.median(t) for name, t in times.items()}
-    lines = ["", *header("G3 and dedup cost", load_before),
+    lines = ["", *header("G3 and dedup cost (relay-written topics, with the manifest)", load_before),
              (f"Data: {args.records:,} events of ~{args.value_bytes} B in {txns:,} source transactions of 1-8 events "
-              "over 3 topics x 3 partitions, relay headers; each run into a fresh table, verified."), "",
-             "| setting | median s | events/s | batches | all runs (s) | time vs plain |",
-             "|---|---:|---:|---:|---|---:|"]
-    for name in SETTINGS:
+              "over 3 topics x 3 partitions, relayed by the relay; each run into a fresh table, verified."), "",
+             "| setting | median s | events/s | batches | all runs (s) | time vs plain | throughput vs plain |",
+             "|---|---:|---:|---:|---|---:|---:|"]
+    for name, runs in times.items():
         lines.append(f"| {name} | {med[name]:.1f} | {args.records / med[name]:,.0f} | "
-                     f"{statistics.median(batches[name]):.0f} | {', '.join(f'{t:.1f}' for t in times[name])} | "
-                     f"{med[name] / med['plain']:.2f}× |")
+                     f"{statistics.median(batches[name]):.0f} | {', '.join(f'{t:.1f}' for t in runs)} | "
+                     f"{med[name] / med['plain']:.2f}× | {med['plain'] / med[name]:.2f}× |")
     emit(lines, args.output)
+    emit_json({"benchmark": "g3_bench", "records": args.records, "reps": args.reps,
+               "seconds": med, "runs_s": times,
+               "ratio_g3_vs_plain": med["plain"] / med["g3"],
+               "ratio_g3_scan_vs_plain": med["plain"] / med["g3-scan"],
+               "ratio_g3_dedup_vs_plain": med["plain"] / med["g3+dedup"]}, args.json)
     return 0
 
 

@@ -335,7 +335,8 @@ class Relay:
         counts = Counter(topics)
         shared = [(H.TXID, str(txn.xid).encode()), (H.LSN, format_lsn(txn.commit_lsn).encode()),
                   (H.SIZE, str(len(txn.events)).encode()),
-                  (H.TOPIC_COUNTS, json.dumps(dict(sorted(counts.items())), separators=(",", ":")).encode())]
+                  (H.TOPIC_COUNTS, json.dumps(dict(sorted(counts.items())), separators=(",", ":")).encode()),
+                  (H.SOURCE, H.source(self.config.id, txn.commit_lsn).encode())]
         for i, (topic, e) in enumerate(zip(topics, txn.events, strict=True)):
             yield topic, e.aggregateid, e.payload, [(H.EVENT_ID, e.id), (H.EVENT_TYPE, e.type), *shared,
                                                     (H.POSITION, str(i).encode())]

@@ -59,13 +59,13 @@ class IngestJob:
         """Explicit start offsets of new partitions (a backfill), instead of the start policy."""
         self.client_config = librdkafka_config(config.kafka, bootstrap)
         self.kafka_options = spark_options(config.kafka, bootstrap)
-        self._known: dict[int, frozenset[str]] = {}
-        """Per batch cut from the manifest: the transactions it listed (its write's guard lets them be)."""
+        self._listed: dict[int, transactions.RelayRanges] = {}
+        """Per batch cut from the manifest: what it listed (its write's guard lets those transactions be)."""
         self.protocol = CommitProtocol(
             spark, pipeline=pipeline.name, target=pipeline.target, quarantine=pipeline.quarantine_path,
             ledger=pipeline.ledger_path, partition_by=pipeline.partition_by, decide=self._decide, revise=self._revise,
             build_frames=lambda intent: frames(spark, self.kafka_options, pipeline, intent,
-                                               dedup_table=self.dedup_table, known=self._known_of(intent)),
+                                               dedup_table=self.dedup_table, listed=self._listed_for(intent)),
         )
 
     def _decide(self, intent: Intent, last: Intent | None, bounds: Mapping[TP, PartitionBounds]) -> Intent:
@@ -77,11 +77,11 @@ class IngestJob:
             read = transactions.read_manifest(self.client_config, self.pipeline, intent, cursor)
             if read is not None and read.listed:
                 intent = transactions.cut_listed(self.pipeline, intent, read, bounds, last)
-                self._known[intent.batch_id] = frozenset(t.txn for t in read.listed)
+                self._listed[intent.batch_id] = read.relays
             elif self._guess_no_multi_event(intent, last):
                 carried = None if read is None else (read.start, read.end, read.next_cursor(intent.ends()))
                 intent = replace(intent, guarded=True, waiting=last.waiting if last else {}, manifest=carried)
-                self._known[intent.batch_id] = frozenset()
+                self._listed[intent.batch_id] = ()
             else:
                 intent = transactions.cut(self.client_config, self.pipeline, intent, bounds, last)
         self.held = intent.held
@@ -89,13 +89,13 @@ class IngestJob:
             intent = replace(intent, dedup_version=table_version(self.spark, self.dedup_table))
         return intent
 
-    def _known_of(self, intent: Intent) -> frozenset[str]:
+    def _listed_for(self, intent: Intent) -> transactions.RelayRanges:
         """What the manifest listed for a batch cut from it (read again for a batch planned by another run)."""
         if not intent.guarded or intent.manifest is None:
-            return frozenset()
-        if intent.batch_id not in self._known:
-            self._known[intent.batch_id] = transactions.known_transactions(self.client_config, self.pipeline, intent)
-        return self._known[intent.batch_id]
+            return ()
+        if intent.batch_id not in self._listed:
+            self._listed[intent.batch_id] = transactions.listed_ranges(self.client_config, self.pipeline, intent)
+        return self._listed[intent.batch_id]
 
     def _guess_no_multi_event(self, intent: Intent, last: Intent | None) -> bool:
         """Whether to write ``intent`` guarded rather than scan it first (``transactions.scan: auto``).

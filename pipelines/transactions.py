@@ -56,7 +56,10 @@ def header(name: str) -> Column:
 
 
 HEADERS_COLUMN = "_tidemark_headers"
-_TXN_HEADERS = {"txid": H.TXID, "lsn": H.LSN, "position": H.POSITION, "size": H.SIZE}
+_TXN_HEADERS = {"txid": H.TXID, "lsn": H.LSN, "position": H.POSITION, "size": H.SIZE, "source": H.SOURCE}
+
+#: Per relay, the commit LSNs ``[low, high]`` of the source transactions a manifest read listed.
+RelayRanges = tuple[tuple[str, int, int], ...]
 
 
 def txn_headers(pipeline: PipelineConfig) -> Column:
@@ -125,20 +128,24 @@ def _counts(raw: bytes | None) -> dict[str, int] | None:
     return data
 
 
-def guard(txn: Column, known: frozenset[str] = frozenset()) -> Column:
+def guard(txn: Column, listed: RelayRanges = ()) -> Column:
     """For a guarded batch's write (offsets.protocol): null unless the row's ``_tidemark_txn`` is
-    multi-event and not one of ``known`` (the transactions a manifest cut made whole in the batch).
-
-    Without ``known``, exactly the rows :func:`scan` would keep, so a batch that passes is
-    one whose scan would have found nothing to cut. The set is given to Spark as SQL text,
-    one parse on the JVM, which turns it into a hash set (``InSet``).
+    multi-event and not from a transaction a manifest cut listed (``listed``: per relay, the
+    commit LSNs of its listed transactions; every one of that relay's transactions in between
+    with an event in the batch is listed, because a relay's manifest records follow its
+    commit order). Without ``listed``, exactly the rows :func:`scan` would keep, so a batch
+    that passes is one whose scan would have found nothing to cut.
     """
     from pyspark.sql import functions as F
 
     unknown = txn.isNotNull() & (txn["expected"] > 1)
-    if known:
-        listed = ",".join("'" + t.replace("\\", "\\\\").replace("'", "\\'") + "'" for t in sorted(known))
-        unknown = unknown & ~F.expr(f"{TXN_COLUMN}.id IN ({listed})")
+    if listed:
+        # `tidemark.source` is `<relay>:<16 hex digits of the commit LSN>`: text order is commit order.
+        source = F.col(HEADERS_COLUMN)["source"]
+        inside = F.lit(False)
+        for relay, low, high in listed:
+            inside = inside | source.between(H.source(relay, low), H.source(relay, high))
+        unknown = unknown & ~F.coalesce(inside, F.lit(False))
     return F.when(unknown, F.concat(
         F.lit("record "), F.col("topic"), F.lit(":"), F.col("partition").cast("string"), F.lit("@"),
         F.col("offset").cast("string"), F.lit(" belongs to multi-event source transaction "), txn["id"]))
@@ -416,6 +423,8 @@ class ManifestRead:
     """Manifest offsets read: ``[start, end)``."""
     listed: tuple[ListedTxn, ...]
     """Transactions with an event inside the proposed ranges."""
+    relays: RelayRanges
+    """Per relay, the commit LSNs of its listed transactions (what the batch's write lets be)."""
     records: tuple[tuple[int, tuple[tuple[TP, int], ...]], ...]
     """Per record read: its offset and each of its spans' (partition, last offset): where the next read starts."""
 
@@ -437,15 +446,34 @@ def _manifest_consumer(client_config: Mapping[str, str], isolation: str) -> Any:
                      "auto.offset.reset": "earliest"})
 
 
-def _listed(raw: bytes, mine: Callable[[str], bool]) -> list[tuple[str, tuple[tuple[TP, int, int, int], ...]]]:
+def _listed(raw: bytes, mine: Callable[[str], bool]) -> tuple[str, list[tuple[str, tuple[tuple[TP, int, int, int], ...]]]]:
+    """(relay, [(transaction, its spans in this pipeline's topics)]) of one manifest record."""
     from outbox.manifest import Manifest
 
     try:
         manifest = Manifest.decode(raw)
     except (ValueError, KeyError, TypeError, IndexError):
-        return []  # not ours: the guard catches whatever it was meant to describe
-    return [(e.txn, tuple(((t, p), first, last, n) for t, p, first, last, n in e.spans if mine(t)))
-            for e in manifest.entries if not e.dead_lettered]
+        return "", []  # not ours: the guard catches whatever it was meant to describe
+    return manifest.relay, [(e.txn, tuple(((t, p), first, last, n) for t, p, first, last, n in e.spans if mine(t)))
+                            for e in manifest.entries if not e.dead_lettered]
+
+
+def _commit_lsn(txn: str) -> int | None:
+    from outbox.pgoutput import DecodeError, parse_lsn
+
+    try:
+        return parse_lsn(txn.rsplit("/", 1)[0])
+    except DecodeError:
+        return None
+
+
+def _relay_ranges(found: Mapping[str, list[str]]) -> RelayRanges:
+    out = []
+    for relay, txns in sorted(found.items()):
+        lsns = [lsn for lsn in map(_commit_lsn, txns) if lsn is not None]
+        if lsns:
+            out.append((relay, min(lsns), max(lsns)))
+    return tuple(out)
 
 
 def read_manifest(client_config: Mapping[str, str], pipeline: PipelineConfig, intent: Intent,
@@ -480,6 +508,7 @@ def read_manifest(client_config: Mapping[str, str], pipeline: PipelineConfig, in
     ends = {r.tp: r.end for r in intent.ranges}
     mine = topic_filter(pipeline)
     listed: list[ListedTxn] = []
+    by_relay: dict[str, list[str]] = {}
     records: list[tuple[int, tuple[tuple[TP, int], ...]]] = []
     streak: dict[bytes, int] = {}
     position = cursor
@@ -493,12 +522,13 @@ def read_manifest(client_config: Mapping[str, str], pipeline: PipelineConfig, in
                     if m.error().code() != KafkaError._PARTITION_EOF:
                         return None
                     continue
-                entries = _listed(m.value() or b"", mine)
+                relay, entries = _listed(m.value() or b"", mine)
                 records.append((m.offset(), tuple((tp, last) for _, spans in entries for tp, _, last, _ in spans)))
                 beyond = True
                 for txn, spans in entries:
                     if any(tp in ends and first < ends[tp] and last >= starts[tp] for tp, first, last, _ in spans):
                         listed.append(ListedTxn(txn, spans))
+                        by_relay.setdefault(relay, []).append(txn)
                     if any(tp in ends and first < ends[tp] for tp, first, _, _ in spans):
                         beyond = False
                 streak[m.key() or b""] = streak.get(m.key() or b"", 0) + 1 if beyond else 0
@@ -511,7 +541,7 @@ def read_manifest(client_config: Mapping[str, str], pipeline: PipelineConfig, in
                 break
     finally:
         reader.close()
-    return ManifestRead(cursor, max(position, cursor), tuple(listed), tuple(records))
+    return ManifestRead(cursor, max(position, cursor), tuple(listed), _relay_ranges(by_relay), tuple(records))
 
 
 def _first_manifest_offset(client_config: Mapping[str, str], probe: Any, topic: str, intent: Intent,
@@ -534,20 +564,20 @@ def _first_manifest_offset(client_config: Mapping[str, str], probe: Any, topic: 
     return low if offset < 0 and offset != -1 else (high if offset < 0 else max(low, offset))
 
 
-def known_transactions(client_config: Mapping[str, str], pipeline: PipelineConfig, intent: Intent) -> frozenset[str]:
-    """The transactions the manifest lists with events in ``intent``'s ranges, read again from
-    exactly the records its plan read (a replay's guard). Records lost since: fewer known, so the
-    guard may reject the batch, which is then planned with the scan: slower, never wrong."""
+def listed_ranges(client_config: Mapping[str, str], pipeline: PipelineConfig, intent: Intent) -> RelayRanges:
+    """What the manifest listed for ``intent``'s ranges, read again from exactly the records its
+    plan read (a replay's guard). Records lost since: less listed, so the guard may reject the
+    batch, which is then planned with the scan: slower, never wrong."""
     from confluent_kafka import KafkaError, TopicPartition
 
     if intent.manifest is None or pipeline.transactions.manifest_topic is None:
-        return frozenset()
+        return ()
     start, end, _ = intent.manifest
     topic = pipeline.transactions.manifest_topic
     starts = {r.tp: r.start for r in intent.ranges}
     ends = {r.tp: r.end for r in intent.ranges}
     mine = topic_filter(pipeline)
-    known: set[str] = set()
+    by_relay: dict[str, list[str]] = {}
     reader = _manifest_consumer(client_config, "read_committed")
     try:
         reader.assign([TopicPartition(topic, 0, start)])
@@ -555,16 +585,17 @@ def known_transactions(client_config: Mapping[str, str], pipeline: PipelineConfi
         while time.monotonic() < deadline:
             for m in reader.consume(num_messages=500, timeout=0.1):
                 if m.error() is None and m.offset() < end:
-                    known |= {txn for txn, spans in _listed(m.value() or b"", mine)
-                              if any(tp in ends and first < ends[tp] and last >= starts[tp]
-                                     for tp, first, last, _ in spans)}
+                    relay, entries = _listed(m.value() or b"", mine)
+                    by_relay.setdefault(relay, []).extend(
+                        txn for txn, spans in entries
+                        if any(tp in ends and first < ends[tp] and last >= starts[tp] for tp, first, last, _ in spans))
                 elif m.error() is not None and m.error().code() != KafkaError._PARTITION_EOF:
-                    return frozenset(known)
+                    return _relay_ranges(by_relay)
             if reader.position([TopicPartition(topic, 0)])[0].offset >= end:
                 break
     finally:
         reader.close()
-    return frozenset(known)
+    return _relay_ranges(by_relay)
 
 
 def cut_listed(pipeline: PipelineConfig, intent: Intent, read: ManifestRead, bounds: Mapping[TP, PartitionBounds],

@@ -20,7 +20,15 @@ from typing import TYPE_CHECKING
 from offsets.ledger import Intent
 from offsets.protocol import ERROR_COLUMN, BatchFrames
 from pipelines.dedup import EVENT_ID_COLUMN, flag_duplicates
-from pipelines.transactions import HEADERS_COLUMN, TXN_COLUMN, guard, header, txn_headers, txn_struct
+from pipelines.transactions import (
+    HEADERS_COLUMN,
+    TXN_COLUMN,
+    RelayRanges,
+    guard,
+    header,
+    txn_headers,
+    txn_struct,
+)
 from tidemark.config import PipelineConfig
 
 if TYPE_CHECKING:
@@ -71,9 +79,9 @@ def read_ranges(spark: SparkSession, kafka_options: dict[str, str], intent: Inte
 
 
 def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: PipelineConfig, intent: Intent,
-           *, dedup_table: str | None = None, known: frozenset[str] = frozenset()) -> BatchFrames:
+           *, dedup_table: str | None = None, listed: RelayRanges = ()) -> BatchFrames:
     """The batch's frames; ``dedup_table`` is where dedup looks ids up (default: the target);
-    ``known``: the multi-event source transactions a manifest cut made whole here (the guard lets them be)."""
+    ``listed``: what a manifest cut listed for it (the guard lets those transactions be)."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
@@ -127,7 +135,7 @@ def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: Pipelin
     flag: Column | None = None
     if pipeline.transactions.atomic:
         txn = F.col(TXN_COLUMN)
-        flag = guard(txn, known)
+        flag = guard(txn, listed)
         if intent.released:
             txn = F.when(txn.isNotNull(), txn.withField("released", txn["id"].isin(*intent.released)))
         extra.append(txn.alias(TXN_COLUMN))
