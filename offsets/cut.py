@@ -164,26 +164,34 @@ class ListedTxn:
 
 def listed_spans(listed: Iterable[ListedTxn], ranges: Iterable[Range], lso: Mapping[TP, int],
                  waits: Mapping[str, Wait], planned_at: datetime,
-                 timeout: timedelta) -> tuple[list[TxnSpan], Verdict]:
+                 timeout: timedelta) -> tuple[list[TxnSpan], list[ListedTxn], Verdict, int]:
     """What the scan and :func:`judge` decide, from the manifest instead of the records.
 
     The manifest says where every event of a listed transaction is, so nothing is searched:
     a transaction is whole in Kafka when each of its spans lies at or past its partition's
     start and below its LSO; otherwise its missing events are not readable by this pipeline
     (before its start, on a partition it does not read) and it waits like any other.
-    Returns the spans :func:`cut_ranges` needs (events inside the proposal counted from
-    whole spans only) and the verdict, in the same form as the scan's.
+    Returns the spans :func:`cut_ranges` needs for the transactions that are not wholly
+    inside the proposal (events inside it counted from whole spans only), the wholly inside
+    ones apart (most of a batch, and they move no end: :func:`cut_with_inside` adds them only
+    if a cut reaches them), the verdict in the same form as the scan's, and how many
+    multi-event transactions have an event in the proposal.
     """
     proposal = tuple(ranges)
     starts = {r.tp: r.start for r in proposal}
     ends = {r.tp: r.end for r in proposal}
     found: list[TxnSpan] = []
+    inside_whole: list[ListedTxn] = []
     whole: list[str] = []
     new_waits: dict[str, Wait] = {}
     overdue: list[TxnSpan] = []
+    seen_txns: set[str] = set()
     for item in listed:
         if item.expected <= 1:
             continue  # one event here: whole by definition
+        if all(tp in ends and first >= starts[tp] and last < ends[tp] for tp, first, last, _ in item.spans):
+            inside_whole.append(item)
+            continue
         inside = {tp: (first, last) for tp, first, last, _ in item.spans
                   if tp in ends and first < ends[tp] and last >= starts[tp]}
         if not inside:
@@ -191,8 +199,7 @@ def listed_spans(listed: Iterable[ListedTxn], ranges: Iterable[Range], lso: Mapp
         seen = sum(n for tp, first, last, n in item.spans if tp in ends and first >= starts[tp] and last < ends[tp])
         span = TxnSpan(item.txn, seen, item.expected, inside)
         found.append(span)
-        if span.complete:
-            continue
+        seen_txns.add(item.txn)
         if all(tp in ends and first >= starts[tp] and last < lso.get(tp, 0) for tp, first, last, _ in item.spans):
             whole.append(item.txn)
             continue
@@ -201,9 +208,31 @@ def listed_spans(listed: Iterable[ListedTxn], ranges: Iterable[Range], lso: Mapp
         new_waits[item.txn] = wait
         if planned_at - wait.since >= timeout:
             overdue.append(span)
-    seen_txns = {s.txn for s in found}
+    seen_txns |= {t.txn for t in inside_whole}
     new_waits |= {txn: wait for txn, wait in waits.items() if txn not in seen_txns}
-    return found, Verdict(tuple(sorted(whole)), new_waits, tuple(overdue))
+    verdict = Verdict(tuple(sorted(whole)), new_waits, tuple(overdue))
+    return found, inside_whole, verdict, len(found) + len(inside_whole)
+
+
+def cut_with_inside(ranges: Iterable[Range], spans: Iterable[TxnSpan], inside: Iterable[ListedTxn],
+                    released: Iterable[str] = ()) -> Cut:
+    """:func:`cut_ranges` of ``spans``, taking in a wholly inside transaction only once a cut reaches it.
+
+    The same cut as with every transaction given (one inside every end moves none, until an
+    end falls to or below one of its events), at the cost of the few near the ends.
+    """
+    proposal, free = tuple(ranges), tuple(released)
+    tracked, pending = list(spans), list(inside)
+    while True:
+        cut = cut_ranges(proposal, tracked, free)
+        ends = {r.tp: r.end for r in cut.ranges}
+        reached = [t for t in pending if any(last >= ends.get(tp, last + 1) for tp, _, last, _ in t.spans)]
+        if not reached:
+            return cut
+        names = {t.txn for t in reached}
+        tracked += [TxnSpan(t.txn, t.expected, t.expected, {tp: (first, last) for tp, first, last, _ in t.spans})
+                    for t in reached]
+        pending = [t for t in pending if t.txn not in names]
 
 
 def cut_ranges(ranges: Iterable[Range], spans: Iterable[TxnSpan], released: Iterable[str] = ()) -> Cut:

@@ -22,7 +22,15 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from connectors.admin import PartitionBounds
-from offsets.cut import ListedTxn, TxnSpan, Verdict, cut_ranges, judge, listed_spans, search_regions
+from offsets.cut import (
+    ListedTxn,
+    TxnSpan,
+    Verdict,
+    cut_with_inside,
+    judge,
+    listed_spans,
+    search_regions,
+)
 from offsets.ledger import TP, Intent, Wait
 from outbox import headers as H
 from tidemark.config import PipelineConfig
@@ -375,7 +383,8 @@ def cut(client_config: Mapping[str, str], pipeline: PipelineConfig, intent: Inte
 
 
 def _decided(pipeline: PipelineConfig, intent: Intent, found_spans: list[TxnSpan], verdict: Verdict,
-             manifest: ManifestRead | None = None) -> Intent:
+             manifest: ManifestRead | None = None, inside: list[ListedTxn] | None = None,
+             count: int | None = None) -> Intent:
     """The policy applied to a verdict, and the cut: the intent as the ledger will store it."""
     policy = pipeline.transactions
     late = verdict.overdue
@@ -385,7 +394,7 @@ def _decided(pipeline: PipelineConfig, intent: Intent, found_spans: list[TxnSpan
             f"pipeline {pipeline.name!r}: source transaction(s) missing events below the LSO for over "
             f"{policy.incomplete_timeout_seconds:g} s: {names}. Nothing of them was written. Find the missing "
             "events (relay, retention) or set transactions.on_incomplete: release to write them flagged")
-    decided = cut_ranges(intent.ranges, found_spans, released=[s.txn for s in late])
+    decided = cut_with_inside(intent.ranges, found_spans, inside or (), released=[s.txn for s in late])
     waiting = {txn: w for txn, w in verdict.waits.items() if txn not in decided.released}
     if decided.released:
         longest = max((intent.planned_at - verdict.waits[s.txn].since).total_seconds() for s in late)
@@ -400,7 +409,8 @@ def _decided(pipeline: PipelineConfig, intent: Intent, found_spans: list[TxnSpan
     cursor = intent.manifest  # a scan keeps whatever cursor the plan had
     if manifest is not None:
         cursor = (manifest.start, manifest.end, manifest.next_cursor({r.tp: r.end for r in decided.ranges}))
-    return replace(intent, guarded=manifest is not None, txns=len(found_spans), ranges=decided.ranges,
+    return replace(intent, guarded=manifest is not None, txns=len(found_spans) if count is None else count,
+                   ranges=decided.ranges,
                    released=decided.released, held=len(decided.held), waiting=waiting, manifest=cursor)
 
 
@@ -441,21 +451,39 @@ def _manifest_consumer(client_config: Mapping[str, str], isolation: str) -> Any:
 
     from confluent_kafka import Consumer
 
+    # A read of known extent: at the partition's end the broker must answer at once, not after
+    # fetch.wait.max.ms (500 ms by default) of waiting for more.
     return Consumer({**client_config, "group.id": f"tidemark-manifest-{uuid.uuid4().hex[:8]}",
                      "isolation.level": isolation, "enable.auto.commit": False, "enable.partition.eof": True,
-                     "auto.offset.reset": "earliest"})
+                     "auto.offset.reset": "earliest", "fetch.wait.max.ms": 10})
 
 
 def _listed(raw: bytes, mine: Callable[[str], bool]) -> tuple[str, list[tuple[str, tuple[tuple[TP, int, int, int], ...]]]]:
-    """(relay, [(transaction, its spans in this pipeline's topics)]) of one manifest record."""
-    from outbox.manifest import Manifest
-
+    """(relay, [(transaction, its spans in this pipeline's topics)]) of one manifest record
+    (``outbox.manifest``, read straight from its JSON: tens of thousands of entries per batch)."""
     try:
-        manifest = Manifest.decode(raw)
-    except (ValueError, KeyError, TypeError, IndexError):
+        data = json.loads(raw)
+        if data.get("v") != 1:
+            return "", []
+        out = []
+        for t in data["txns"]:
+            if t.get("dead_lettered"):
+                continue
+            out.append((t["id"], tuple(((s[0], s[1]), s[2], s[3], s[4]) for s in t["spans"] if mine(s[0]))))
+        return str(data["relay"]), out
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
         return "", []  # not ours: the guard catches whatever it was meant to describe
-    return manifest.relay, [(e.txn, tuple(((t, p), first, last, n) for t, p, first, last, n in e.spans if mine(t)))
-                            for e in manifest.entries if not e.dead_lettered]
+
+
+def _memo(mine: Callable[[str], bool]) -> Callable[[str], bool]:
+    known: dict[str, bool] = {}
+
+    def cached(topic: str) -> bool:
+        hit = known.get(topic)
+        if hit is None:
+            hit = known[topic] = mine(topic)
+        return hit
+    return cached
 
 
 def _commit_lsn(txn: str) -> int | None:
@@ -506,7 +534,7 @@ def read_manifest(client_config: Mapping[str, str], pipeline: PipelineConfig, in
         probe.close()
     starts = {r.tp: r.start for r in intent.ranges}
     ends = {r.tp: r.end for r in intent.ranges}
-    mine = topic_filter(pipeline)
+    mine = _memo(topic_filter(pipeline))
     listed: list[ListedTxn] = []
     by_relay: dict[str, list[str]] = {}
     records: list[tuple[int, tuple[tuple[TP, int], ...]]] = []
@@ -576,7 +604,7 @@ def listed_ranges(client_config: Mapping[str, str], pipeline: PipelineConfig, in
     topic = pipeline.transactions.manifest_topic
     starts = {r.tp: r.start for r in intent.ranges}
     ends = {r.tp: r.end for r in intent.ranges}
-    mine = topic_filter(pipeline)
+    mine = _memo(topic_filter(pipeline))
     by_relay: dict[str, list[str]] = {}
     reader = _manifest_consumer(client_config, "read_committed")
     try:
@@ -604,6 +632,6 @@ def cut_listed(pipeline: PipelineConfig, intent: Intent, read: ManifestRead, bou
     waits: Mapping[str, Wait] = last.waiting if last else {}
     policy = pipeline.transactions
     lso = {tp: b.stable_end for tp, b in bounds.items()}
-    spans, verdict = listed_spans(read.listed, intent.ranges, lso, waits, intent.planned_at,
-                                  timedelta(seconds=policy.incomplete_timeout_seconds))
-    return _decided(pipeline, intent, spans, verdict, manifest=read)
+    spans, inside, verdict, count = listed_spans(read.listed, intent.ranges, lso, waits, intent.planned_at,
+                                                 timedelta(seconds=policy.incomplete_timeout_seconds))
+    return _decided(pipeline, intent, spans, verdict, manifest=read, inside=inside, count=count)

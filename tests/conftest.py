@@ -60,6 +60,15 @@ def topic_factory(kafka_bootstrap: str) -> Callable[..., str]:
     return create
 
 
+@pytest.fixture(autouse=True)
+def _release_replication_slots() -> Iterator[None]:
+    """Each test's outbox slots go when it ends: a session creates more than the server allows."""
+    yield
+    from tests.relay_harness import release_slots
+
+    release_slots()
+
+
 @pytest.fixture
 def delta_path(tmp_path: Path) -> str:
     return str(tmp_path / "table")

@@ -34,6 +34,40 @@ from outbox.schema import TableName, add_event, init_outbox
 AGGREGATES = ("order", "payment", "shipment")
 KEYS = tuple(f"agg-{i}" for i in range(8))
 
+# (dsn, slot) of every outbox a test created: its slot is dropped when the test ends
+# (``release_slots``), or the server's max_replication_slots runs out within a session.
+_SLOTS: list[tuple[str, str]] = []
+
+
+def release_slots() -> None:
+    """Drop the replication slots the ending test created, ending any walsender still on one
+    (a relay a failed test left running). A slot another test still needs is never listed."""
+    while _SLOTS:
+        dsn, slot = _SLOTS.pop()
+        try:
+            conn = psycopg2.connect(dsn)
+        except psycopg2.Error:
+            continue  # the server is gone (a test stopped its own); nothing holds a slot there
+        try:
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                for _ in range(50):
+                    cur.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+                    row = cur.fetchone()
+                    if row is None:
+                        break
+                    if row[0] is not None:
+                        cur.execute("SELECT pg_terminate_backend(%s)", (row[0],))
+                        time.sleep(0.1)
+                        continue
+                    try:
+                        cur.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+                        break
+                    except psycopg2.errors.ObjectInUse:
+                        time.sleep(0.1)
+        finally:
+            conn.close()
+
 
 @dataclass(frozen=True)
 class RelaySetup:
@@ -59,6 +93,7 @@ class RelaySetup:
                                           "postgres": {"dsn": dsn}, "relay": body}))
         setup = cls(dsn, bootstrap, relay_id, table, prefix, body["offsets_topic"], body["manifest_topic"], config, tmp)
         init_outbox(dsn, table=TableName.parse(table), publication=f"tidemark_r_{run}", slot=f"tidemark_r_{run}")
+        _SLOTS.append((dsn, f"tidemark_r_{run}"))
         with setup.connect() as conn, conn.cursor() as cur:
             cur.execute(f"CREATE TABLE {setup.keys_table} (key text PRIMARY KEY, seq bigint NOT NULL)")
             cur.executemany(f"INSERT INTO {setup.keys_table} VALUES (%s, 0)", [(k,) for k in KEYS])

@@ -60,14 +60,14 @@ def test_a_backlog_older_than_the_timeout_lands_whole_under_a_small_cap(
         spark, postgres_dsn: str, kafka_bootstrap: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     setup = RelaySetup.create(tmp_path, postgres_dsn, kafka_bootstrap)
     writers = Writers(setup, threads=2, pause=0.02, late_rate=0.2, rollback_rate=0.15).start()
-    time.sleep(2.5)
+    time.sleep(1.5)
     writers.stop()
     setup.drain()
     written = _txn_ids(setup)
     assert len(written) >= 20 and any(n > 1 for n in written.values()), written
     time.sleep(TIMEOUT + 1)  # every event is now older than the timeout
 
-    config = _config(setup, tmp_path / "events", cap=60)
+    config = _config(setup, tmp_path / "events", cap=max(60, sum(written.values()) // 6))
     pipeline = config.pipelines[0]
     report = IngestJob(spark, config, pipeline, kafka_bootstrap).run_bounded()
     assert len(report.batches) >= 3
@@ -152,7 +152,7 @@ def test_the_manifest_cut_equals_the_scan_cut_version_by_version_with_no_scan(
 
     setup = RelaySetup.create(tmp_path, postgres_dsn, kafka_bootstrap)
     writers = Writers(setup, threads=2, pause=0.02, late_rate=0.2, rollback_rate=0.15, seed=9).start()
-    time.sleep(2.5)
+    time.sleep(1.2)
     writers.stop()
     setup.drain()
     written = _txn_ids(setup)
@@ -161,7 +161,7 @@ def test_the_manifest_cut_equals_the_scan_cut_version_by_version_with_no_scan(
     def config(name: str, **g3: Any) -> TidemarkConfig:
         return parse_config({"kafka": {"bootstrap_servers": setup.bootstrap}, "pipelines": [{
             "name": name, "topic_pattern": pattern, "target": str(tmp_path / name), "schema": "key STRING, seq BIGINT",
-            "max_records_per_batch": 80, "transactions": g3}]})
+            "max_records_per_batch": max(60, sum(written.values()) // 5), "transactions": g3}]})
 
     scans = []
     real_scan = transactions.scan

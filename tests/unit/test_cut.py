@@ -158,7 +158,7 @@ def test_the_manifest_and_the_scan_give_the_same_cut() -> None:
     """Random relay-like partitions: each transaction's events are a gap-free run per partition.
     The scan sees the events inside the proposal; the manifest lists every span. Same cut, same
     held transactions, same 'whole in Kafka' verdicts."""
-    from offsets.cut import ListedTxn, listed_spans
+    from offsets.cut import ListedTxn, cut_with_inside, listed_spans
 
     rng = random.Random(5)
     for _ in range(300):
@@ -184,8 +184,9 @@ def test_the_manifest_and_the_scan_give_the_same_cut() -> None:
                                        {tp: (min(o), max(o)) for tp, o in inside.items()}))
         listed = [ListedTxn(txn, tuple((tp, min(o), max(o), len(o)) for tp, o in where.items()))
                   for txn, where in events.items()]
-        from_manifest, verdict = listed_spans(listed, ranges, lso, {}, T0, TIMEOUT)
-        assert cut_ranges(ranges, from_manifest) == cut_ranges(ranges, scanned)
+        from_manifest, inside, verdict, count = listed_spans(listed, ranges, lso, {}, T0, TIMEOUT)
+        assert cut_with_inside(ranges, from_manifest, inside) == cut_ranges(ranges, scanned)
+        assert count == len(scanned)
         # Everything is below the LSO here: what is not whole in the batch is whole in Kafka.
         assert verdict.waits == {} and set(verdict.whole_in_kafka) == {s.txn for s in scanned if not s.complete}
 
@@ -197,8 +198,8 @@ def test_a_listed_transaction_missing_events_before_the_start_waits_then_is_over
     lso = {("a", 0): 20, ("a", 1): 9}
     # Its a[1] event lies before the pipeline's start there (the pipeline began after it).
     early = ListedTxn("t1", ((("a", 0), 12, 12, 1), (("a", 1), 3, 3, 1)))
-    spans, first = listed_spans([early], ranges, lso, {}, T0, TIMEOUT)
+    spans, _, first, _ = listed_spans([early], ranges, lso, {}, T0, TIMEOUT)
     assert first.waits["t1"].since == T0 and first.overdue == ()
     assert cut_ranges(ranges, spans).ranges == (Range("a", 0, 10, 12), Range("a", 1, 5, 9))
-    _, later = listed_spans([early], ranges, lso, first.waits, T0 + TIMEOUT, TIMEOUT)
+    _, _, later, _ = listed_spans([early], ranges, lso, first.waits, T0 + TIMEOUT, TIMEOUT)
     assert [s.txn for s in later.overdue] == ["t1"]
