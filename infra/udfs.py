@@ -3,7 +3,9 @@
 Only where Spark's built-in is measurably slow on the ingest's hot path: UTF-8
 validation of every record (``tidemark_is_valid_utf8``, same answers as Spark's
 ``is_valid_utf8``, several times faster on mostly-ASCII values; see
-docs/benchmarks.md). The jar is keyed by a hash of the sources, built with the JDK's
+docs/benchmarks.md), and the relay's per-topic event counts in G3's column
+(``tidemark_topic_count``: the relay's own compact form read directly, anything else
+left to ``from_json``). The jar is keyed by a hash of the sources, built with the JDK's
 ``javac`` and ``jar`` against pyspark's own jars, so it needs no network.
 """
 
@@ -25,7 +27,8 @@ if TYPE_CHECKING:
 SOURCES = Path(__file__).parent / "java"
 
 #: SQL name -> Java class, registered in every session infra.spark builds.
-FUNCTIONS = {"tidemark_is_valid_utf8": ("io.tidemark.spark.ValidUtf8", "boolean")}
+FUNCTIONS = {"tidemark_is_valid_utf8": ("io.tidemark.spark.ValidUtf8", "boolean"),
+             "tidemark_topic_count": ("io.tidemark.spark.TopicCount", "int")}
 
 
 def _sources() -> list[Path]:

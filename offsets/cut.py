@@ -33,7 +33,7 @@ so the same spans and verdict come from the manifest with no read of the records
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -161,10 +161,32 @@ class ListedTxn:
     def expected(self) -> int:
         return sum(n for _, _, _, n in self.spans)
 
+    def reached(self, ends: Mapping[TP, int]) -> bool:
+        return any(last >= ends.get(tp, last + 1) for tp, _, last, _ in self.spans)
 
-def listed_spans(listed: Iterable[ListedTxn], ranges: Iterable[Range], lso: Mapping[TP, int],
+
+@dataclass(frozen=True)
+class ListedBlock:
+    """Listed transactions lying wholly inside a proposal, kept unexpanded: one manifest
+    record's worth, which in a batch's middle (most of it) no cut ever reaches."""
+
+    last: tuple[tuple[TP, int], ...]
+    """Per partition, the last offset of any of their events."""
+    txns: int
+    """How many of them are multi-event here."""
+    expand: Callable[[], tuple[ListedTxn, ...]]
+    """The transactions themselves, built only when a cut reaches the block or a wait names one."""
+
+    def reached(self, ends: Mapping[TP, int]) -> bool:
+        return any(last >= ends.get(tp, last + 1) for tp, last in self.last)
+
+
+Listed = ListedTxn | ListedBlock
+
+
+def listed_spans(listed: Iterable[Listed], ranges: Iterable[Range], lso: Mapping[TP, int],
                  waits: Mapping[str, Wait], planned_at: datetime,
-                 timeout: timedelta) -> tuple[list[TxnSpan], list[ListedTxn], Verdict, int]:
+                 timeout: timedelta) -> tuple[list[TxnSpan], list[Listed], Verdict, int]:
     """What the scan and :func:`judge` decide, from the manifest instead of the records.
 
     The manifest says where every event of a listed transaction is, so nothing is searched:
@@ -174,23 +196,33 @@ def listed_spans(listed: Iterable[ListedTxn], ranges: Iterable[Range], lso: Mapp
     Returns the spans :func:`cut_ranges` needs for the transactions that are not wholly
     inside the proposal (events inside it counted from whole spans only), the wholly inside
     ones apart (most of a batch, and they move no end: :func:`cut_with_inside` adds them only
-    if a cut reaches them), the verdict in the same form as the scan's, and how many
-    multi-event transactions have an event in the proposal.
+    if a cut reaches them; blocks of them the caller already knows to be inside stay
+    unexpanded), the verdict in the same form as the scan's, and how many multi-event
+    transactions have an event in the proposal.
     """
     proposal = tuple(ranges)
     starts = {r.tp: r.start for r in proposal}
     ends = {r.tp: r.end for r in proposal}
     found: list[TxnSpan] = []
-    inside_whole: list[ListedTxn] = []
+    inside_whole: list[Listed] = []
     whole: list[str] = []
     new_waits: dict[str, Wait] = {}
     overdue: list[TxnSpan] = []
     seen_txns: set[str] = set()
+    count = 0
     for item in listed:
+        if isinstance(item, ListedBlock):
+            inside_whole.append(item)
+            count += item.txns
+            if waits:  # a wait ends once its transaction is seen whole
+                seen_txns |= {t.txn for t in item.expand()}
+            continue
         if item.expected <= 1:
             continue  # one event here: whole by definition
         if all(tp in ends and first >= starts[tp] and last < ends[tp] for tp, first, last, _ in item.spans):
             inside_whole.append(item)
+            seen_txns.add(item.txn)
+            count += 1
             continue
         inside = {tp: (first, last) for tp, first, last, _ in item.spans
                   if tp in ends and first < ends[tp] and last >= starts[tp]}
@@ -200,6 +232,7 @@ def listed_spans(listed: Iterable[ListedTxn], ranges: Iterable[Range], lso: Mapp
         span = TxnSpan(item.txn, seen, item.expected, inside)
         found.append(span)
         seen_txns.add(item.txn)
+        count += 1
         if all(tp in ends and first >= starts[tp] and last < lso.get(tp, 0) for tp, first, last, _ in item.spans):
             whole.append(item.txn)
             continue
@@ -208,31 +241,36 @@ def listed_spans(listed: Iterable[ListedTxn], ranges: Iterable[Range], lso: Mapp
         new_waits[item.txn] = wait
         if planned_at - wait.since >= timeout:
             overdue.append(span)
-    seen_txns |= {t.txn for t in inside_whole}
     new_waits |= {txn: wait for txn, wait in waits.items() if txn not in seen_txns}
     verdict = Verdict(tuple(sorted(whole)), new_waits, tuple(overdue))
-    return found, inside_whole, verdict, len(found) + len(inside_whole)
+    return found, inside_whole, verdict, count
 
 
-def cut_with_inside(ranges: Iterable[Range], spans: Iterable[TxnSpan], inside: Iterable[ListedTxn],
+def cut_with_inside(ranges: Iterable[Range], spans: Iterable[TxnSpan], inside: Iterable[Listed],
                     released: Iterable[str] = ()) -> Cut:
     """:func:`cut_ranges` of ``spans``, taking in a wholly inside transaction only once a cut reaches it.
 
     The same cut as with every transaction given (one inside every end moves none, until an
-    end falls to or below one of its events), at the cost of the few near the ends.
+    end falls to or below one of its events), at the cost of the few near the ends. A block
+    a cut reaches is expanded into its transactions, which are then judged one by one.
     """
     proposal, free = tuple(ranges), tuple(released)
     tracked, pending = list(spans), list(inside)
     while True:
         cut = cut_ranges(proposal, tracked, free)
         ends = {r.tp: r.end for r in cut.ranges}
-        reached = [t for t in pending if any(last >= ends.get(tp, last + 1) for tp, _, last, _ in t.spans)]
+        reached = [t for t in pending if t.reached(ends)] if pending else []
         if not reached:
             return cut
-        names = {t.txn for t in reached}
+        blocks = {id(t) for t in reached if isinstance(t, ListedBlock)}
+        if blocks:
+            pending = [t for t in pending if id(t) not in blocks]
+            pending += [t for b in reached if isinstance(b, ListedBlock) for t in b.expand() if t.expected > 1]
+            continue
+        names = {t.txn for t in reached if isinstance(t, ListedTxn)}
         tracked += [TxnSpan(t.txn, t.expected, t.expected, {tp: (first, last) for tp, first, last, _ in t.spans})
-                    for t in reached]
-        pending = [t for t in pending if t.txn not in names]
+                    for t in reached if isinstance(t, ListedTxn)]
+        pending = [t for t in pending if not isinstance(t, ListedTxn) or t.txn not in names]
 
 
 def cut_ranges(ranges: Iterable[Range], spans: Iterable[TxnSpan], released: Iterable[str] = ()) -> Cut:

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from connectors.admin import PartitionBounds
 from offsets.cut import (
+    Listed,
+    ListedBlock,
     ListedTxn,
     TxnSpan,
     Verdict,
@@ -70,26 +72,35 @@ _TXN_HEADERS = {"txid": H.TXID, "lsn": H.LSN, "position": H.POSITION, "size": H.
 RelayRanges = tuple[tuple[str, int, int], ...]
 
 
-def txn_headers(pipeline: PipelineConfig) -> Column:
+def txn_headers(pipeline: PipelineConfig, fast_counts: bool = False) -> Column:
     """``_tidemark_headers``: the relay's transaction headers as text, and the events it counts here.
 
     ``counted`` is the sum of ``topic_counts`` over this pipeline's topics (null when
-    the header is missing or unreadable). It needs ``from_json`` and higher-order
-    functions, which Spark evaluates interpreted, so :mod:`pipelines.transform` computes
-    this column in the projection that already parses the value with ``from_json``;
-    everything reading it afterwards (:func:`txn_struct`, :func:`guard`) compiles to
-    generated code. Records without headers, most Kafka records, get null at the cost of
-    one size check.
+    the header is missing or unreadable). Read with ``from_json`` and higher-order
+    functions, which Spark evaluates interpreted, it was G3's largest per-record cost; so
+    with ``fast_counts`` (the session has Tidemark's functions, ``infra.udfs``) the
+    relay's own compact form is read by ``tidemark_topic_count``, and only a record in
+    any other form takes ``from_json`` (the same answer either way; a test holds them
+    equal). :mod:`pipelines.transform` computes this column in the projection that
+    already parses the value; everything reading it afterwards (:func:`txn_struct`,
+    :func:`guard`) compiles to generated code. Records without headers, most Kafka
+    records, get null at the cost of one size check.
     """
     from pyspark.sql import functions as F
 
-    counts = F.from_json(header(H.TOPIC_COUNTS), "map<string,int>")
+    raw = header(H.TOPIC_COUNTS)
+    counts = F.from_json(raw, "map<string,int>")
     if pipeline.topic_pattern is not None:
         pattern = f"^(?:{pipeline.topic_pattern})$"
         mine = F.map_filter(counts, lambda k, v: k.rlike(pattern))
+        spec = "P" + pipeline.topic_pattern
     else:
         mine = F.map_filter(counts, lambda k, v: k.isin(*pipeline.topics))
+        spec = "L" + "\x01".join(pipeline.topics)
     counted = F.aggregate(F.map_values(mine), F.lit(0), lambda acc, x: acc + x)
+    if fast_counts:
+        quick = F.call_function("tidemark_topic_count", raw, F.lit(spec))
+        counted = F.when(quick == -1, counted).otherwise(quick)
     return F.when(F.size("headers") > 0, F.struct(
         *[header(h).alias(k) for k, h in _TXN_HEADERS.items()], counted.alias("counted")))
 
@@ -383,7 +394,7 @@ def cut(client_config: Mapping[str, str], pipeline: PipelineConfig, intent: Inte
 
 
 def _decided(pipeline: PipelineConfig, intent: Intent, found_spans: list[TxnSpan], verdict: Verdict,
-             manifest: ManifestRead | None = None, inside: list[ListedTxn] | None = None,
+             manifest: ManifestRead | None = None, inside: list[Listed] | None = None,
              count: int | None = None) -> Intent:
     """The policy applied to a verdict, and the cut: the intent as the ledger will store it."""
     policy = pipeline.transactions
@@ -431,8 +442,8 @@ class ManifestRead:
     start: int
     end: int
     """Manifest offsets read: ``[start, end)``."""
-    listed: tuple[ListedTxn, ...]
-    """Transactions with an event inside the proposed ranges."""
+    listed: tuple[Listed, ...]
+    """Transactions with an event inside the proposed ranges (records wholly inside as blocks)."""
     relays: RelayRanges
     """Per relay, the commit LSNs of its listed transactions (what the batch's write lets be)."""
     records: tuple[tuple[int, tuple[tuple[TP, int], ...]], ...]
@@ -458,21 +469,96 @@ def _manifest_consumer(client_config: Mapping[str, str], isolation: str) -> Any:
                      "auto.offset.reset": "earliest", "fetch.wait.max.ms": 10})
 
 
-def _listed(raw: bytes, mine: Callable[[str], bool]) -> tuple[str, list[tuple[str, tuple[tuple[TP, int, int, int], ...]]]]:
-    """(relay, [(transaction, its spans in this pipeline's topics)]) of one manifest record
-    (``outbox.manifest``, read straight from its JSON: tens of thousands of entries per batch)."""
+Limits = Mapping[str, Mapping[int, tuple[int, int]]]
+"""Per topic and partition, a proposal's ``[start, end)``."""
+
+
+def _limits(intent: Intent) -> dict[str, dict[int, tuple[int, int]]]:
+    out: dict[str, dict[int, tuple[int, int]]] = {}
+    for r in intent.ranges:
+        out.setdefault(r.topic, {})[r.partition] = (r.start, r.end)
+    return out
+
+
+def _decoded(raw: bytes) -> tuple[str, list[Any]] | None:
+    """(relay, its entries) of one manifest record (``outbox.manifest``), read straight from its
+    JSON (tens of thousands of entries per batch); None for anything else."""
     try:
         data = json.loads(raw)
-        if data.get("v") != 1:
-            return "", []
-        out = []
-        for t in data["txns"]:
+        if data.get("v") != 1 or not isinstance(data["txns"], list):
+            return None
+        return str(data["relay"]), data["txns"]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None  # not ours: the guard catches whatever it was meant to describe
+
+
+def _entries(txns: list[Any], mine: Callable[[str], bool]) -> list[ListedTxn]:
+    """Each transaction with its spans in this pipeline's topics (dead-lettered ones have none)."""
+    try:
+        return [ListedTxn(t["id"], tuple(((s[0], s[1]), s[2], s[3], s[4]) for s in t["spans"] if mine(s[0])))
+                for t in txns if not t.get("dead_lettered")]
+    except (KeyError, TypeError, IndexError, AttributeError):
+        return []
+
+
+def _block(txns: list[Any], limits: Limits, mine: Callable[[str], bool]) -> tuple[ListedBlock, list[str]] | None:
+    """The record's transactions as one block when every span of theirs in this pipeline's
+    topics lies inside the proposal (the common case in a batch's middle), with the first
+    and last of their ids; else None. One plain loop over the spans; no per-transaction
+    object is built."""
+    last: dict[TP, int] = {}
+    count = 0
+    first_id = last_id = None
+    try:
+        for t in txns:
             if t.get("dead_lettered"):
                 continue
-            out.append((t["id"], tuple(((s[0], s[1]), s[2], s[3], s[4]) for s in t["spans"] if mine(s[0]))))
-        return str(data["relay"]), out
-    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
-        return "", []  # not ours: the guard catches whatever it was meant to describe
+            events = 0
+            for s in t["spans"]:
+                parts = limits.get(s[0])
+                if parts is None:
+                    if mine(s[0]):
+                        return None  # a partition of ours outside the proposal
+                    continue
+                bounds = parts.get(s[1])
+                if bounds is None or s[2] < bounds[0] or s[3] >= bounds[1]:
+                    return None
+                tp = (s[0], s[1])
+                if last.get(tp, -1) < s[3]:
+                    last[tp] = s[3]
+                events += s[4]
+            if events > 1:
+                count += 1
+            if events:
+                first_id = first_id or t["id"]
+                last_id = t["id"]
+    except (KeyError, TypeError, IndexError, AttributeError):
+        return None
+    if first_id is None or last_id is None:
+        return None  # nothing of ours: the full path decides (it lists nothing either)
+    block = ListedBlock(tuple(last.items()), count, lambda: tuple(t for t in _entries(txns, mine) if t.spans))
+    return block, [str(first_id), str(last_id)]
+
+
+def _touches(spans: tuple[tuple[TP, int, int, int], ...], starts: Mapping[TP, int], ends: Mapping[TP, int]) -> bool:
+    return any(tp in ends and first < ends[tp] and last >= starts[tp] for tp, first, last, _ in spans)
+
+
+def _take(txns: list[Any], limits: Limits, mine: Callable[[str], bool], starts: Mapping[TP, int],
+          ends: Mapping[TP, int]) -> tuple[list[Listed], list[str], tuple[tuple[TP, int], ...], bool]:
+    """One manifest record read against a proposal: what it lists there (a block, or the
+    transactions with an event inside), the ids of those for the guard's LSN range (a block's
+    first and last suffice: a record lists its transactions in commit order), each partition's
+    last offset in it, and whether all of it lies past the proposal's ends."""
+    as_block = _block(txns, limits, mine)
+    if as_block is not None:
+        block, ids = as_block
+        return [block], ids, block.last, False
+    entries = _entries(txns, mine)
+    listed: list[Listed] = [t for t in entries if _touches(t.spans, starts, ends)]
+    lasts = tuple((tp, last) for t in entries for tp, _, last, _ in t.spans)
+    beyond = not any(tp in ends and first < ends[tp] for t in entries for tp, first, _, _ in t.spans)
+    return listed, [t.txn for t in listed if isinstance(t, ListedTxn)], lasts, beyond
 
 
 def _memo(mine: Callable[[str], bool]) -> Callable[[str], bool]:
@@ -534,8 +620,9 @@ def read_manifest(client_config: Mapping[str, str], pipeline: PipelineConfig, in
         probe.close()
     starts = {r.tp: r.start for r in intent.ranges}
     ends = {r.tp: r.end for r in intent.ranges}
+    limits = _limits(intent)
     mine = _memo(topic_filter(pipeline))
-    listed: list[ListedTxn] = []
+    listed: list[Listed] = []
     by_relay: dict[str, list[str]] = {}
     records: list[tuple[int, tuple[tuple[TP, int], ...]]] = []
     streak: dict[bytes, int] = {}
@@ -550,15 +637,12 @@ def read_manifest(client_config: Mapping[str, str], pipeline: PipelineConfig, in
                     if m.error().code() != KafkaError._PARTITION_EOF:
                         return None
                     continue
-                relay, entries = _listed(m.value() or b"", mine)
-                records.append((m.offset(), tuple((tp, last) for _, spans in entries for tp, _, last, _ in spans)))
-                beyond = True
-                for txn, spans in entries:
-                    if any(tp in ends and first < ends[tp] and last >= starts[tp] for tp, first, last, _ in spans):
-                        listed.append(ListedTxn(txn, spans))
-                        by_relay.setdefault(relay, []).append(txn)
-                    if any(tp in ends and first < ends[tp] for tp, first, _, _ in spans):
-                        beyond = False
+                decoded = _decoded(m.value() or b"")
+                relay, txns = decoded if decoded is not None else ("", [])
+                found, ids, lasts, beyond = _take(txns, limits, mine, starts, ends)
+                listed += found
+                by_relay.setdefault(relay, []).extend(ids)
+                records.append((m.offset(), lasts))
                 streak[m.key() or b""] = streak.get(m.key() or b"", 0) + 1 if beyond else 0
             now = reader.position([TopicPartition(topic, 0)])[0].offset
             if now > position:
@@ -604,6 +688,7 @@ def listed_ranges(client_config: Mapping[str, str], pipeline: PipelineConfig, in
     topic = pipeline.transactions.manifest_topic
     starts = {r.tp: r.start for r in intent.ranges}
     ends = {r.tp: r.end for r in intent.ranges}
+    limits = _limits(intent)
     mine = _memo(topic_filter(pipeline))
     by_relay: dict[str, list[str]] = {}
     reader = _manifest_consumer(client_config, "read_committed")
@@ -613,10 +698,9 @@ def listed_ranges(client_config: Mapping[str, str], pipeline: PipelineConfig, in
         while time.monotonic() < deadline:
             for m in reader.consume(num_messages=500, timeout=0.1):
                 if m.error() is None and m.offset() < end:
-                    relay, entries = _listed(m.value() or b"", mine)
-                    by_relay.setdefault(relay, []).extend(
-                        txn for txn, spans in entries
-                        if any(tp in ends and first < ends[tp] and last >= starts[tp] for tp, first, last, _ in spans))
+                    decoded = _decoded(m.value() or b"")
+                    if decoded is not None:
+                        by_relay.setdefault(decoded[0], []).extend(_take(decoded[1], limits, mine, starts, ends)[1])
                 elif m.error() is not None and m.error().code() != KafkaError._PARTITION_EOF:
                     return _relay_ranges(by_relay)
             if reader.position([TopicPartition(topic, 0)])[0].offset >= end:

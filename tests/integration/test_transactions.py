@@ -244,6 +244,17 @@ def test_the_planning_scan_reads_headers_as_the_table_column_does(spark, kafka_b
         [*good, (H.TOPIC_COUNTS, b'{"a": 1.5}')],                    # not whole numbers: the size
         [*good, (H.TOPIC_COUNTS, b"[1, 2]")],                        # not an object: the size
         [*good, (H.TOPIC_COUNTS, json.dumps({topic: 2}).encode()), (H.TOPIC_COUNTS, b"{}")],  # first one counts
+        # The relay's compact sorted form, read by tidemark_topic_count; near misses go to from_json.
+        [*good, (H.TOPIC_COUNTS, json.dumps({other: 1, topic: 2}, separators=(",", ":")).encode())],
+        [*good, (H.TOPIC_COUNTS, f'{{"{topic}":2,"{other}":1}}'.encode())],  # unsorted
+        [*good, (H.TOPIC_COUNTS, f'{{"{topic}":02}}'.encode())],             # a leading zero
+        [*good, (H.TOPIC_COUNTS, f'{{"{topic}":-1}}'.encode())],             # negative
+        [*good, (H.TOPIC_COUNTS, f'{{"{topic}":2147483648}}'.encode())],     # over an int
+        [*good, (H.TOPIC_COUNTS, f'{{"{topic}":1234567890}}'.encode())],     # ten digits
+        # an escaped key (the same topic), read by from_json:
+        [*good, (H.TOPIC_COUNTS, json.dumps({topic: 2}, separators=(",", ":")).replace("-", r"\u002d", 1).encode())],
+        [*good, (H.TOPIC_COUNTS, b"{}")],                                     # nothing anywhere
+        [*good, (H.TOPIC_COUNTS, f'{{"{topic}":2,}}'.encode())],              # a trailing comma
         [(H.TXID, b"7"), (H.LSN, b"0/A"), (H.POSITION, b" 2 "), (H.SIZE, b"+3")],  # signs, spaces
         [(H.TXID, b"7"), (H.LSN, b"0/A"), (H.POSITION, b"x"), (H.SIZE, b"3")],      # bad position
         [(H.TXID, b"7"), (H.LSN, b"0/A"), (H.POSITION, b"0"), (H.SIZE, b"0")],      # size 0
@@ -267,10 +278,14 @@ def test_the_planning_scan_reads_headers_as_the_table_column_does(spark, kafka_b
                                                               [(topic, 0, 0, end)])}
     intent = Intent(pipeline.name, 1, "w", now_utc(), (Range(topic, 0, 0, end),))
     t = txn_struct()
-    rows = (read_ranges(spark, spark_options(_kafka(kafka_bootstrap), kafka_bootstrap), intent)
-            .withColumn(HEADERS_COLUMN, txn_headers(pipeline))
-            .select("offset", t["id"].alias("id"), t["position"].alias("position"),
-                    t["expected"].alias("expected"), HEADERS_COLUMN, guard(t).alias("flagged")).collect())
+    read = read_ranges(spark, spark_options(_kafka(kafka_bootstrap), kafka_bootstrap), intent)
+    assert spark.catalog.functionExists("tidemark_topic_count")
+    # from_json alone, and Tidemark's reader of the relay's form: the same column.
+    slow, rows = [(read.withColumn(HEADERS_COLUMN, txn_headers(pipeline, fast_counts=fast))
+                   .select("offset", t["id"].alias("id"), t["position"].alias("position"),
+                           t["expected"].alias("expected"), HEADERS_COLUMN, guard(t).alias("flagged"))
+                   .orderBy("offset").collect()) for fast in (False, True)]
+    assert [tuple(r) for r in rows] == [tuple(r) for r in slow]
     column = {r.offset: None if r.id is None else (r.id, r.position, r.expected) for r in rows}
     # A guarded write fails on exactly the records the scan keeps for the cut (multi-event ones).
     assert {r.offset for r in rows if r.flagged is not None} == {

@@ -7,7 +7,7 @@ import random
 from datetime import UTC, datetime, timedelta
 
 from offsets.cut import TxnSpan, cut_ranges, judge, search_regions
-from offsets.ledger import Range, Wait
+from offsets.ledger import Intent, Range, Wait
 
 T0 = datetime(2026, 11, 22, tzinfo=UTC)
 TIMEOUT = timedelta(seconds=600)
@@ -203,3 +203,67 @@ def test_a_listed_transaction_missing_events_before_the_start_waits_then_is_over
     assert cut_ranges(ranges, spans).ranges == (Range("a", 0, 10, 12), Range("a", 1, 5, 9))
     _, _, later, _ = listed_spans([early], ranges, lso, first.waits, T0 + TIMEOUT, TIMEOUT)
     assert [s.txn for s in later.overdue] == ["t1"]
+
+
+def test_manifest_records_read_as_blocks_give_the_scans_cut_and_guard_range() -> None:
+    """Relay-like data encoded as real manifest records (random group commits, a topic of
+    another pipeline mixed in): what ``pipelines.transactions._take`` makes of each record
+    (blocks where a record lies inside the proposal) cuts exactly as the scan of the
+    records does, counts the same transactions, and lists the same LSN range for the guard."""
+    from offsets.cut import ListedBlock, cut_with_inside, listed_spans
+    from outbox.manifest import Manifest, ManifestEntry
+    from pipelines.transactions import _decoded, _limits, _relay_ranges, _take
+
+    rng = random.Random(11)
+    ours = [("a", 0), ("a", 1), ("b", 0)]
+    blocks = reached = 0
+    for _ in range(300):
+        tps = [*ours, ("z", 0)]  # z: a topic this pipeline does not read
+        cursor = {tp: 0 for tp in tps}
+        events: dict[str, dict[tuple[str, int], list[int]]] = {}
+        for i in range(rng.randint(1, 30)):
+            txn = events.setdefault(f"0/{i + 1:X}/{i}", {})  # <commit LSN>/<xid>
+            for tp in rng.sample(tps, rng.randint(1, 3)):
+                n = rng.randint(1, 3)
+                txn[tp] = list(range(cursor[tp], cursor[tp] + n))
+                cursor[tp] += n + (1 if rng.random() < 0.3 else 0)
+        lso = {tp: cursor[tp] for tp in ours}
+        ranges = [Range(t, p, 0, max(0, lso[(t, p)] - rng.choice([0, 0, 1, 5, 20]))) for t, p in ours]
+        intent = Intent("p", 7, "w", T0, tuple(ranges))
+        ends, starts = {r.tp: r.end for r in ranges}, {r.tp: 0 for r in ranges}
+        names = list(events)
+        records, i = [], 0
+        while i < len(names):
+            group = names[i:i + rng.randint(1, 8)]
+            i += len(group)
+            records.append(Manifest("r1", "0/0", tuple(
+                ManifestEntry(txn, sum(len(o) for o in events[txn].values()),
+                              tuple((t, p, min(o), max(o), len(o)) for (t, p), o in events[txn].items()))
+                for txn in group)).encode())
+        listed, by_relay = [], {}
+        for raw in records:
+            decoded = _decoded(raw)
+            assert decoded is not None
+            found, ids, _, _ = _take(decoded[1], _limits(intent), lambda t: t != "z", starts, ends)
+            listed += found
+            by_relay.setdefault(decoded[0], []).extend(ids)
+        scanned = []
+        for txn, where in events.items():
+            mine = {tp: o for tp, o in where.items() if tp in lso}
+            inside = {tp: [o for o in offs if o < ends[tp]] for tp, offs in mine.items()}
+            inside = {tp: offs for tp, offs in inside.items() if offs}
+            total = sum(len(o) for o in mine.values())
+            if inside and total > 1:
+                scanned.append(TxnSpan(txn, sum(len(o) for o in inside.values()), total,
+                                       {tp: (min(o), max(o)) for tp, o in inside.items()}))
+        spans, inside_whole, _, count = listed_spans(listed, ranges, lso, {}, T0, TIMEOUT)
+        cut = cut_with_inside(ranges, spans, inside_whole)
+        assert cut == cut_ranges(ranges, scanned)
+        assert count == len(scanned)
+        found_blocks = [b for b in listed if isinstance(b, ListedBlock)]
+        blocks += len(found_blocks)
+        reached += sum(b.reached({r.tp: r.end for r in cut.ranges}) for b in found_blocks)
+        touched = [int(t.split("/")[1], 16) for t, where in events.items()
+                   if any(tp in lso and min(o) < ends[tp] for tp, o in where.items())]
+        assert _relay_ranges(by_relay) == ((("r1", min(touched), max(touched)),) if touched else ())
+    assert blocks > 100 and reached > 10, (blocks, reached)  # both paths of the block were taken
