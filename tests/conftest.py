@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,9 +28,15 @@ def kafka_bootstrap(settings: Settings, tmp_path_factory: pytest.TempPathFactory
 
 
 @pytest.fixture(scope="session")
-def postgres_dsn(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with postgres_server(settings, tmp_path_factory.mktemp("postgres")) as (dsn, _):
-        yield dsn
+def postgres_dsn(settings: Settings) -> Iterator[str]:
+    # Not under pytest's temp root: the server runs as another user, and every pytest session
+    # that starts meanwhile makes /tmp/pytest-of-<user> private again, cutting it off.
+    state = Path(tempfile.mkdtemp(prefix="tidemark-test-postgres-"))
+    try:
+        with postgres_server(settings, state) as (dsn, _):
+            yield dsn
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
