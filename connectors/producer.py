@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -125,19 +126,10 @@ class TransactionalProducer:
         """Replace the instance with a new one, fenced in by ``init_transactions()`` (an epoch bump)."""
         log.warning("%s: Kafka connection disturbed (%s); replacing the producer so that a late request of a "
                     "past transaction cannot join the next one", self.transactional_id, self._disturbed)
-        old = self._producer
-        try:
-            old.purge()
-            old.flush(0)
-        except KafkaException as exc:  # an instance in error has nothing left to send
-            log.debug("%s: purging the old instance: %s", self.transactional_id, exc.args[0])
+        _destroy(self._producer, self.transactional_id)
         self.renewals += 1
         self._producer = self._new_instance()
         self._disturbed = None
-        try:
-            old.close()
-        except KafkaException as exc:  # fenced by the new instance, as intended: it ends nothing more
-            log.debug("old producer instance closed: %s", exc.args[0])
         self.init(self._init_timeout)
 
     def _call(self, what: str, fn: Callable[[], None]) -> None:
@@ -233,9 +225,29 @@ class TransactionalProducer:
             raise TransactionAbortedError(f"{what}: transaction aborted by {err.name()} ({err.str()})") from None
 
     def close(self, timeout: float = 10.0) -> None:
-        """Deliver what is queued, if the instance still can. A fenced or failed instance has nothing
-        left to deliver, and its error must not hide the one that ended its caller's work."""
+        """Deliver what is queued, if the instance still can, then destroy the instance.
+
+        Destroying matters: a librdkafka instance left alive keeps asking for its producer
+        id in the background, and when the broker is back it fences whichever instance with
+        the same ``transactional.id`` its owner has made since (a relay stepping back through
+        an outage makes one per attempt, and was fenced by its own leftovers). Anything still
+        queued belongs to a transaction that was not committed, so dropping it loses nothing.
+        A fenced or failed instance has nothing left to deliver, and its error must not hide
+        the one that ended its caller's work.
+        """
         try:
             self._producer.flush(timeout)
         except KafkaException as exc:
             log.debug("%s: closing an instance in error: %s", self.transactional_id, exc.args[0])
+        _destroy(self._producer, self.transactional_id)
+
+
+def _destroy(producer: Producer, transactional_id: str) -> None:
+    """Purge and close a librdkafka instance now; an open transaction on it is aborted or left to the next fence."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # "abort_transaction failed during close": expected here
+        try:
+            producer.purge()
+            producer.close()
+        except (KafkaException, RuntimeError) as exc:  # already closed, or in error: nothing left to end
+            log.debug("%s: destroying the instance: %s", transactional_id, exc)

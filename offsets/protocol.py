@@ -4,9 +4,10 @@ Delta commit, exactly once, whatever instant the process dies at.
 Steps of :meth:`CommitProtocol.run_batch`, in order (``N`` is the newest batch id in the
 ledger; docs/design.md has the table of every crash point between them):
 
-1. **Recover.** Read intent ``N`` from the ledger and the newest batch the target and the
-   quarantine hold (their ``txn`` state for ``txnAppId=<pipeline>``, which survives log
-   cleanup and other writers' commits). A target ahead of its ledger means the ledger
+1. **Recover.** Read the newest batch the target holds (its ``txn`` state for
+   ``txnAppId=<pipeline>``, which survives log cleanup and other writers' commits), then
+   intent ``N`` from the ledger: in that order, a rival claiming and committing meanwhile
+   cannot make the target look ahead. A target ahead of its ledger means the ledger
    was deleted or replaced: stop (:class:`LedgerMismatchError`), never write past it.
    If the target lacks ``N``, replay it (steps 4-5); if it holds ``N`` but step 5 is
    not recorded (the settled marker, or the quarantine's ``txn``), redo step 5. Replay
@@ -248,8 +249,12 @@ class CommitProtocol:
             # This process committed and settled it; a rival since then cannot hold
             # the next claim without step 3 noticing.
             return self._settled, None
-        last = self.ledger.last()
+        # The target first, then the ledger: every batch is claimed before it is committed, so a
+        # ledger read after the target holds at least what the target held, even while a rival
+        # run claims and commits meanwhile (read the other way round, its new batch would look
+        # like a target ahead of its ledger).
         committed = self.committed_batch()
+        last = self.ledger.last()
         if committed > (last.batch_id if last else 0):
             # Claims always precede their rows, so only a lost ledger leaves the target ahead:
             # its batches' offsets are unknown, and writing on would skip or repeat records.

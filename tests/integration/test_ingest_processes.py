@@ -80,6 +80,7 @@ def test_two_concurrent_runs_never_both_commit_a_batch(spark, kafka_bootstrap: s
         _wait_for_batches(ledger, follower, 1)
         # A second run starts while the first keeps claiming batches.
         rival = run_ingest(config)
+        (tmp_path / "rival.log").write_text(rival.stderr)
         if follower.poll() is None:
             follower.send_signal(signal.SIGTERM)
         follower.wait(180)

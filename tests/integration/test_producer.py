@@ -14,9 +14,10 @@ import json
 import threading
 import uuid
 
+import pytest
 from confluent_kafka import KafkaError
 
-from connectors.producer import TransactionalProducer
+from connectors.producer import KafkaUnavailableError, TransactionalProducer
 from tests.kafka_helpers import read_all
 
 
@@ -87,3 +88,19 @@ def test_a_renewal_fences_what_the_old_instance_left_open(kafka_bootstrap: str, 
     assert [r.value for r in read_all(kafka_bootstrap, topic)] == [b"next"]
     assert [r.value for r in read_all(kafka_bootstrap, topic, isolation="read_uncommitted")] == [b"late", b"next"]
     producer.close()
+
+
+def test_close_destroys_the_instance_even_after_a_failed_fence(kafka_bootstrap: str) -> None:
+    """A relay session that ends in an outage closes its producer; an instance left alive keeps
+    asking for its producer id and, once the broker is back, fences the relay's next instance
+    (what the slow broker-restart test in ``test_relay_crash.py`` caught). Closing destroys it."""
+    producer = TransactionalProducer({"bootstrap.servers": kafka_bootstrap,
+                                      "transactional.id": f"test-close-{uuid.uuid4().hex[:8]}"}, retry_for=0)
+    try:
+        producer.init(timeout=0.001)  # gives up at once, while librdkafka goes on in the background
+    except KafkaUnavailableError:
+        pass
+    instance = producer._producer
+    producer.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        instance.poll(0)
