@@ -115,7 +115,7 @@ class Capture:
     def slot_state(self) -> Slot:
         """The slot as the server sees it now (before :meth:`start`)."""
         assert self._cur is not None
-        return slot_state(self._cur, self.slot)
+        return slot_state(self._cur, self.slot, self.table.sql)
 
     def fork_point(self, earlier: int) -> int | None:
         """Where timeline ``earlier`` ended on the way to this server's (before :meth:`start`)."""

@@ -12,9 +12,15 @@ why comparing LSNs would go wrong:
   forked from the position's timeline before the position, so transactions after the
   fork were relayed but are not in this database, and new ones reuse their LSNs. A fork
   after the position (a failover with nothing lost) is fine and is followed;
-* **a slot dropped and created again**, or moved by someone else: the slot has confirmed
-  past the position, which the relay never does (it confirms only what it relayed), so
-  whatever was committed while the slot was gone is not in its stream;
+* **a slot dropped and created again**, or moved by someone else: outbox rows that the
+  slot will never deliver are left in the table. A slot confirmed past the position is
+  not proof by itself: psycopg2 moves an idle slot's confirmed position to the server's
+  WAL end on keepalives once the relay has confirmed everything it received (so that WAL
+  can be recycled while the outbox is quiet), and the next position is written only with
+  the next group. The proof is a row the slot has passed: a visible outbox row inserted by
+  a transaction older than the slot's ``catalog_xmin`` committed before the slot's
+  restart point, and a healthy slot confirms past a row's commit only after the relay
+  relayed and deleted it;
 * **an invalidated slot** (WAL removed, ``max_slot_wal_keep_size``): it can never stream again.
 
 Each is a :class:`SourceChangedError` with what was found and the recovery to run
@@ -46,6 +52,9 @@ class Slot:
     invalid: str | None = None
     """Why the server invalidated it (``wal_status = lost``, ``invalidation_reason``), or None."""
     active_pid: int | None = None
+    stranded: int = 0
+    """Visible outbox rows inserted before the slot's ``catalog_xmin``: rows it has passed without delivering."""
+    stranded_example: str | None = None
 
 
 def identify(replication_cursor: object, slot: str) -> Source:
@@ -67,8 +76,9 @@ def fork_point(replication_cursor: object, current: int, earlier: int) -> int | 
     return None
 
 
-def slot_state(cursor: object, slot: str) -> Slot:
-    """The slot as ``pg_replication_slots`` shows it (any server version: read as JSON)."""
+def slot_state(cursor: object, slot: str, table_sql: str | None = None) -> Slot:
+    """The slot as ``pg_replication_slots`` shows it (any server version: read as JSON), and, given
+    the outbox table, the rows it has passed without delivering (see the module docstring)."""
     cursor.execute("SELECT to_jsonb(s) FROM pg_replication_slots s WHERE slot_name = %s", (slot,))  # type: ignore[attr-defined]
     row = cursor.fetchone()  # type: ignore[attr-defined]
     if row is None:
@@ -76,7 +86,14 @@ def slot_state(cursor: object, slot: str) -> Slot:
     data = row[0] if isinstance(row[0], dict) else json.loads(row[0])
     invalid = data.get("invalidation_reason") or ("wal_status = lost" if data.get("wal_status") == "lost" else None)
     confirmed = data.get("confirmed_flush_lsn")
-    return Slot(slot, True, parse_lsn(confirmed) if confirmed else None, invalid, data.get("active_pid"))
+    stranded, example = 0, None
+    if table_sql is not None and data.get("catalog_xmin") is not None:
+        # age() compares 32-bit xids across wraparound; freezing keeps a row's raw xmin.
+        cursor.execute(f"SELECT count(*), min(o.id::text) FROM {table_sql} o "  # type: ignore[attr-defined]
+                       "WHERE age(o.xmin) > age(%s::text::xid)", (str(data["catalog_xmin"]),))
+        stranded, example = cursor.fetchone()  # type: ignore[attr-defined]
+    return Slot(slot, True, parse_lsn(confirmed) if confirmed else None, invalid, data.get("active_pid"),
+                int(stranded), example)
 
 
 def verify(position: Position | None, source: Source, slot: Slot, fork: int | None = None) -> None:
@@ -113,9 +130,10 @@ def verify(position: Position | None, source: Source, slot: Slot, fork: int | No
             f"{where} this server's timeline {source.timeline}: a restore or failover to a point before the "
             f"position. Transactions relayed after that point are not in this database. Nothing was relayed "
             f"or deleted; recover with `tidemark outbox init --reset-relay` ({RECOVERY})")
-    if slot.confirmed_flush_lsn is not None and slot.confirmed_flush_lsn > position.end_lsn:
+    if slot.stranded:
+        confirmed = format_lsn(slot.confirmed_flush_lsn) if slot.confirmed_flush_lsn is not None else "?"
         raise SourceChangedError(
-            f"replication slot {slot.name!r} has confirmed {format_lsn(slot.confirmed_flush_lsn)}, past the relay's "
-            f"position {format_lsn(position.end_lsn)}: it was created again or moved by someone else, so what was "
-            f"committed in between is not in its stream. Nothing was relayed or deleted; recover with "
-            f"`tidemark outbox init --reset-relay` ({RECOVERY})")
+            f"replication slot {slot.name!r} (confirmed {confirmed}, the relay's position "
+            f"{format_lsn(position.end_lsn)}) has passed {slot.stranded} outbox row(s) it never delivered, e.g. id "
+            f"{slot.stranded_example}: it was created again or moved by someone else, so those rows are in no "
+            f"stream. Nothing was relayed or deleted; recover with `tidemark outbox init --reset-relay` ({RECOVERY})")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import threading
+import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -207,3 +208,62 @@ def test_the_offsets_topic_is_compacted_and_a_position_is_read_from_the_tail(
     ours = read_position({"bootstrap.servers": kafka_bootstrap}, setup.offsets_topic, setup.relay_id)
     assert ours is not None and ours.source is not None and ours.xid == first.xid
     assert read_position({"bootstrap.servers": kafka_bootstrap}, setup.offsets_topic, "nobody") is None
+
+
+def _slot_confirmed(setup: RelaySetup) -> int:
+    from outbox.pgoutput import parse_lsn
+
+    with setup.connect() as conn, conn.cursor() as cur:
+        cur.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                    (f"tidemark_r_{setup.relay_id.removeprefix('r-')}",))
+        return parse_lsn(cur.fetchone()[0])
+
+
+def test_a_slot_moved_on_by_keepalives_while_idle_is_followed(setup: RelaySetup) -> None:
+    """psycopg2 moves an idle slot's confirmed position to the server's WAL end on keepalives once
+    the relay confirmed all it received; the relay's own position stays at its last group. A
+    restart must follow that slot (it skipped nothing), not mistake it for a recreated one."""
+    first = _commit(setup, [("order", "agg-1")])
+    relay = setup.start()
+    try:
+        deadline = time.monotonic() + 120
+        while setup.outbox_rows() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        position = read_position({"bootstrap.servers": setup.bootstrap}, setup.offsets_topic, setup.relay_id, wait=30)
+        assert position is not None
+        # WAL the slot decodes but that carries no event: a rolled-back insert, then unrelated writes.
+        with setup.connect() as conn, conn.cursor() as cur:
+            add_event(cur, "order", "agg-2", "Changed", {"never": True}, table=setup.table)
+            conn.rollback()
+        while _slot_confirmed(setup) <= position.end_lsn and time.monotonic() < deadline:
+            with setup.connect() as conn, conn.cursor() as cur:
+                cur.execute(f"UPDATE {setup.keys_table} SET seq = seq WHERE key = 'agg-1'")
+            time.sleep(1)
+        assert _slot_confirmed(setup) > position.end_lsn, "the slot never moved past the position while idle"
+        relay.terminate()
+        assert relay.wait(60) == 0, setup.log_tail()
+    finally:
+        if relay.poll() is None:
+            kill_group(relay)
+    after = _commit(setup, [("payment", "agg-3")])
+    setup.drain()  # exits 0: the slot is followed
+    ids = Counter(header(r, H.EVENT_ID) for r in setup.records())
+    assert set(ids) == {e[0] for t in (first, after) for e in t.events} and max(ids.values()) == 1
+
+
+def test_a_slot_moved_past_rows_it_never_delivered_stops_the_relay(setup: RelaySetup) -> None:
+    """Someone advances the slot past committed outbox rows the relay never saw: those rows are in
+    no stream. The relay must stop with their count and an id, deleting nothing."""
+    _commit(setup, [("order", "agg-1")])
+    setup.drain()
+    lost = _commit(setup, [("order", "agg-2"), ("payment", "agg-3")])
+    slot = f"tidemark_r_{setup.relay_id.removeprefix('r-')}"
+    with setup.connect() as conn, conn.cursor() as cur:
+        conn.autocommit = True
+        for _ in range(2):  # a running-xacts record past the rows, then an advance that confirms it
+            cur.execute("CHECKPOINT")
+            cur.execute("SELECT pg_replication_slot_advance(%s, pg_current_wal_lsn())", (slot,))
+    code = setup.run("--idle-exit", "3")
+    assert code == 1 and "passed 2 outbox row(s) it never delivered" in setup.log_tail(), setup.log_tail()
+    assert setup.outbox_rows() == 2  # nothing deleted
+    assert not ({e[0] for e in lost.events} & {header(r, H.EVENT_ID) for r in setup.records()})
