@@ -93,6 +93,9 @@ GUARD_CRASH_POINTS = ("revised",)
 #: Starts the message a guarded write fails with when its check flags a record.
 GUARD_TRIPPED = "tidemark-guard-tripped: "
 
+#: How far step 2 may grow a batch's caps to take a source transaction whole (4x, 16x, then 64x).
+MAX_GROWTH = 64
+
 #: How long step 4 waits for its Observation before asking history instead.
 OBSERVATION_WAIT_SECONDS = 2.0
 
@@ -108,6 +111,10 @@ def _delta_conflicts() -> tuple[type[BaseException], ...]:
 
 
 _DELTA_CONFLICTS = _delta_conflicts()
+
+
+class BatchLimitError(TerminalError):
+    """A source transaction is too large to fit whole in a batch even at the growth limit."""
 
 
 class ConcurrentWriterError(TransientError):
@@ -442,9 +449,12 @@ class CommitProtocol:
         """Step 2: ranges within the cap, then the pipeline's decisions.
 
         If the cut leaves nothing, a source transaction is larger than the caps let a
-        batch be: the caps grow fourfold (up to everything readable) until one fits whole,
-        so a big transaction can never stall the pipeline; only one incomplete in Kafka
-        waits. Each try is a scan, hence the steep growth.
+        batch be: the caps grow fourfold until one fits whole, so a big transaction does
+        not stall the pipeline; only one incomplete in Kafka waits. Each try is a scan,
+        hence the steep growth, and its hard limit: :data:`MAX_GROWTH` times the cap (or
+        everything readable, if less). Past it, a batch held back only by a transaction
+        waiting for missing events stays empty (the wait is the reason); one held back by
+        sheer size stops the run with :class:`BatchLimitError`, never a batch without bound.
         """
         planned_at = now_utc()
         previous = last.ends() if last else {}
@@ -459,6 +469,14 @@ class CommitProtocol:
                            for tp, b in bounds.items())
             if not decided.is_empty or cap >= readable and byte_cap is None:
                 return decided
+            if cap >= max_offsets * MAX_GROWTH:
+                if decided.waiting:
+                    return decided
+                raise BatchLimitError(
+                    f"pipeline {self.pipeline!r}, batch {batch_id}: no source transaction fits whole in {cap:,} "
+                    f"offsets ({MAX_GROWTH}x max_records_per_batch) past the last batch's ends: one spans more "
+                    "than that. Nothing was written. Raise max_records_per_batch (or max_bytes_per_batch) for "
+                    "this pipeline (docs/operations.md)")
             cap *= 4
             byte_cap = None if byte_cap is None or cap >= readable else byte_cap * 4
 
