@@ -112,10 +112,10 @@ class Capture:
             raise
         return self.source
 
-    def slot_state(self) -> Slot:
-        """The slot as the server sees it now (before :meth:`start`)."""
+    def slot_state(self, position: int | None) -> Slot:
+        """The slot as the server sees it now (before :meth:`start`), judged against the relay's ``position``."""
         assert self._cur is not None
-        return slot_state(self._cur, self.slot, self.table.sql)
+        return slot_state(self._cur, self.slot, self.table.sql, position)
 
     def fork_point(self, earlier: int) -> int | None:
         """Where timeline ``earlier`` ended on the way to this server's (before :meth:`start`)."""

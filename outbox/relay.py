@@ -251,7 +251,7 @@ class Relay:
         deadline = time.monotonic() + 120
         while True:
             source = capture.connect()
-            slot = capture.slot_state()
+            slot = capture.slot_state(position.end_lsn if position else None)
             recorded = position.source if position else None
             fork = None
             if recorded is not None and recorded.timeline < source.timeline:

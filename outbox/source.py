@@ -76,9 +76,11 @@ def fork_point(replication_cursor: object, current: int, earlier: int) -> int | 
     return None
 
 
-def slot_state(cursor: object, slot: str, table_sql: str | None = None) -> Slot:
+def slot_state(cursor: object, slot: str, table_sql: str | None = None, position: int | None = None) -> Slot:
     """The slot as ``pg_replication_slots`` shows it (any server version: read as JSON), and, given
-    the outbox table, the rows it has passed without delivering (see the module docstring)."""
+    the outbox table and a slot confirmed past ``position``, the rows it has passed without
+    delivering (see the module docstring). A slot not past the position has passed none (a
+    healthy slot passes a row only after its deletion), so the table is not scanned then."""
     cursor.execute("SELECT to_jsonb(s) FROM pg_replication_slots s WHERE slot_name = %s", (slot,))  # type: ignore[attr-defined]
     row = cursor.fetchone()  # type: ignore[attr-defined]
     if row is None:
@@ -87,7 +89,8 @@ def slot_state(cursor: object, slot: str, table_sql: str | None = None) -> Slot:
     invalid = data.get("invalidation_reason") or ("wal_status = lost" if data.get("wal_status") == "lost" else None)
     confirmed = data.get("confirmed_flush_lsn")
     stranded, example = 0, None
-    if table_sql is not None and data.get("catalog_xmin") is not None:
+    past = confirmed is not None and position is not None and parse_lsn(confirmed) > position
+    if table_sql is not None and past and data.get("catalog_xmin") is not None:
         # age() compares 32-bit xids across wraparound; freezing keeps a row's raw xmin.
         cursor.execute(f"SELECT count(*), min(o.id::text) FROM {table_sql} o "  # type: ignore[attr-defined]
                        "WHERE age(o.xmin) > age(%s::text::xid)", (str(data["catalog_xmin"]),))

@@ -108,6 +108,11 @@ class RelaySetup:
         return RelaySetup(**{**self.__dict__, "config": path})
 
     @property
+    def slot(self) -> str:
+        """The replication slot (and publication) ``create`` made for this relay."""
+        return f"tidemark_r_{self.relay_id.removeprefix('r-')}"
+
+    @property
     def keys_table(self) -> str:
         return self.table + "_keys"
 

@@ -21,6 +21,7 @@ from psycopg2.extras import LogicalReplicationConnection
 from outbox import headers as H
 from outbox.position import TAIL, Position, read_position
 from outbox.schema import TableName, add_event
+from outbox.source import slot_state
 from tests.relay_harness import RelaySetup, SourceTxn, assert_relayed_exactly_once, header, kill_group
 
 
@@ -49,7 +50,7 @@ def test_a_relay_restarting_behind_another_relays_open_transaction_reads_its_new
     setup.drain()
     # Our relay runs (to die right after its next commit, before acknowledging it) ...
     relay = setup.start(crash_at="committed")
-    slot = f"tidemark_r_{setup.relay_id.removeprefix('r-')}"
+    slot = setup.slot
     _streaming(setup, slot)
     # ... when another relay id on the same offsets topic opens a transaction there and holds it open.
     other = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": f"tidemark-relay-other-{uuid.uuid4().hex[:6]}",
@@ -138,7 +139,7 @@ def test_on_oversized_dead_letter_moves_the_whole_transaction_aside_and_goes_on(
 def test_a_dropped_slot_stops_the_relay_and_reset_relay_requeues_what_remains(setup: RelaySetup) -> None:
     first = _commit(setup, [("order", "agg-1"), ("payment", "agg-2")])
     setup.drain()
-    slot = f"tidemark_r_{setup.relay_id.removeprefix('r-')}"
+    slot = setup.slot
     with setup.connect() as conn, conn.cursor() as cur:
         conn.autocommit = True
         cur.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
@@ -168,7 +169,7 @@ def test_a_dropped_slot_stops_the_relay_and_reset_relay_requeues_what_remains(se
 
 
 def test_a_slot_held_by_another_application_is_left_alone(setup: RelaySetup) -> None:
-    slot = f"tidemark_r_{setup.relay_id.removeprefix('r-')}"
+    slot = setup.slot
     other = psycopg2.connect(setup.dsn, connection_factory=LogicalReplicationConnection,
                              application_name="someone-else")
     try:
@@ -211,12 +212,10 @@ def test_the_offsets_topic_is_compacted_and_a_position_is_read_from_the_tail(
 
 
 def _slot_confirmed(setup: RelaySetup) -> int:
-    from outbox.pgoutput import parse_lsn
-
     with setup.connect() as conn, conn.cursor() as cur:
-        cur.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
-                    (f"tidemark_r_{setup.relay_id.removeprefix('r-')}",))
-        return parse_lsn(cur.fetchone()[0])
+        confirmed = slot_state(cur, setup.slot).confirmed_flush_lsn
+    assert confirmed is not None
+    return confirmed
 
 
 def test_a_slot_moved_on_by_keepalives_while_idle_is_followed(setup: RelaySetup) -> None:
@@ -257,7 +256,7 @@ def test_a_slot_moved_past_rows_it_never_delivered_stops_the_relay(setup: RelayS
     _commit(setup, [("order", "agg-1")])
     setup.drain()
     lost = _commit(setup, [("order", "agg-2"), ("payment", "agg-3")])
-    slot = f"tidemark_r_{setup.relay_id.removeprefix('r-')}"
+    slot = setup.slot
     with setup.connect() as conn, conn.cursor() as cur:
         conn.autocommit = True
         for _ in range(2):  # a running-xacts record past the rows, then an advance that confirms it
