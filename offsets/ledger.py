@@ -18,10 +18,10 @@ ledger is read; both stay in the table as the record of what happened.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from offsets.tables import delta_table_exists, txn_version
 from tidemark.errors import TerminalError
@@ -224,26 +224,7 @@ class Ledger:
         if not self._exists():
             return []
         rows = self._rows(where).orderBy("batch_id").collect()
-        by_batch: dict[int, Intent] = {}
-        for row in rows:
-            # Ledgers written before decisions existed have no such column (or null in it).
-            decisions = json.loads(row.asDict().get("decisions") or "{}")
-            intent = Intent(
-                pipeline=row.pipeline, batch_id=int(row.batch_id), writer=row.writer,
-                planned_at=row.planned_at.astimezone(UTC),  # PySpark returns local naive time
-                ranges=tuple(sorted(Range(r.topic, int(r.partition), int(r.start_offset), int(r.end_offset))
-                                    for r in row.ranges)),
-                released=tuple(decisions.get("released", ())), held=int(decisions.get("held", 0)),
-                dedup_version=decisions.get("dedup_version"), guarded=bool(decisions.get("guarded", False)),
-                txns=decisions.get("txns"),
-                waiting={txn: Wait.from_dict(w) for txn, w in (decisions.get("waiting") or {}).items()},
-                manifest=tuple(decisions["manifest"]) if decisions.get("manifest") else None,  # type: ignore[arg-type]
-            )
-            # A batch has one claim row and at most one revision, which is never guarded.
-            known = by_batch.get(intent.batch_id)
-            if known is None or (known.guarded and not intent.guarded):
-                by_batch[intent.batch_id] = intent
-        return [by_batch[b] for b in sorted(by_batch)]
+        return _merged(_intent(row.asDict(recursive=True)) for row in rows)
 
     def _frame(self, intent: Intent) -> DataFrame:
         """``intent`` as one ledger row, built from literals.
@@ -284,6 +265,72 @@ class Ledger:
          .option("userMetadata", intent.to_json(write=write))
          .option("mergeSchema", "true")  # ledgers from before `decisions` gain the column
          .save(self.path))
+
+
+def _intent(row: Mapping[str, Any]) -> Intent:
+    """A ledger row (from Spark or from Arrow: a mapping of its columns) as an :class:`Intent`."""
+    # Ledgers written before decisions existed have no such column (or null in it).
+    decisions = json.loads(row.get("decisions") or "{}")
+    planned_at: datetime = row["planned_at"]
+    return Intent(
+        pipeline=row["pipeline"], batch_id=int(row["batch_id"]), writer=row["writer"],
+        # PySpark returns local naive time, Arrow an aware UTC instant: both are the same instant here.
+        planned_at=planned_at.astimezone(UTC),
+        ranges=tuple(sorted(Range(r["topic"], int(r["partition"]), int(r["start_offset"]), int(r["end_offset"]))
+                            for r in row["ranges"])),
+        released=tuple(decisions.get("released", ())), held=int(decisions.get("held", 0)),
+        dedup_version=decisions.get("dedup_version"), guarded=bool(decisions.get("guarded", False)),
+        txns=decisions.get("txns"),
+        waiting={txn: Wait.from_dict(w) for txn, w in (decisions.get("waiting") or {}).items()},
+        manifest=tuple(decisions["manifest"]) if decisions.get("manifest") else None,  # type: ignore[arg-type]
+    )
+
+
+def _merged(intents: Iterable[Intent]) -> list[Intent]:
+    """One intent per batch, in batch order: a batch has one claim and at most one revision (never guarded),
+    and the revision is the batch wherever the ledger is read."""
+    by_batch: dict[int, Intent] = {}
+    for intent in intents:
+        known = by_batch.get(intent.batch_id)
+        if known is None or (known.guarded and not intent.guarded):
+            by_batch[intent.batch_id] = intent
+    return [by_batch[b] for b in sorted(by_batch)]
+
+
+def read_ledger(path: str, pipeline: str, *, first: int | None = None, last: int | None = None) -> list[Intent]:
+    """The same intents as :meth:`Ledger.history`, read by delta-rs (the ``deltalake`` package) with no JVM.
+
+    For the operator's commands (``tidemark status``, ``tidemark offsets show``), which
+    would otherwise spend ~10 s starting Spark to read a few rows. Data skipping on
+    ``pipeline`` and ``batch_id`` keeps a read of the newest batch from growing with the
+    ledger. Object stores take their credentials from the environment, as delta-rs reads them.
+    """
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        table = DeltaTable(path)
+    except TableNotFoundError:
+        return []
+    filters: list[tuple[str, str, Any]] = [("pipeline", "=", pipeline)]
+    if first is not None:
+        filters.append(("batch_id", ">=", int(first)))
+    if last is not None:
+        filters.append(("batch_id", "<=", int(last)))
+    names = {f.name for f in table.schema().fields}
+    columns: list[str] = [c for c in ("pipeline", "batch_id", "writer", "planned_at", "ranges", "decisions")
+                          if c in names]
+    rows = table.to_pyarrow_table(columns=columns, filters=filters).to_pylist()
+    return _merged(_intent(row) for row in sorted(rows, key=lambda r: r["batch_id"]))
+
+
+def read_last(path: str, pipeline: str) -> Intent | None:
+    """The newest intent of ``pipeline`` (as :meth:`Ledger.last`), with no JVM."""
+    newest = txn_version(path, pipeline)
+    if newest is None:
+        return None
+    found = read_ledger(path, pipeline, first=newest, last=newest)
+    return found[0] if found else None
 
 
 def now_utc() -> datetime:

@@ -149,26 +149,37 @@ def _g3(intent: Intent) -> str:
 
 
 def cmd_offsets_show(args: argparse.Namespace) -> int:
+    import json
+    from dataclasses import asdict
+
     from connectors.kafka_config import librdkafka_config
-    from infra.spark import build_session
     from offsets.lag import partition_lags
-    from offsets.ledger import Ledger
+    from offsets.ledger import read_ledger
+    from offsets.tables import txn_version
 
     config, pipeline, bootstrap = _pipeline_context(args)
-    spark = build_session(settings(), "tidemark-offsets")
-    try:
-        intents = Ledger(spark, pipeline.ledger_path, pipeline.name).history()
-    finally:
-        spark.stop()
+    newest = txn_version(pipeline.ledger_path, pipeline.name)  # no JVM: delta-rs reads the ledger
+    intents = [] if newest is None else read_ledger(pipeline.ledger_path, pipeline.name,
+                                                    first=max(0, newest - max(args.last, 1) + 1), last=newest)
     committed = intents[-1].ends() if intents else {}
     lags = partition_lags(librdkafka_config(config.kafka, bootstrap), pipeline, committed)
+    shown = intents[-args.last:] if args.last > 0 else []
+    if args.json:
+        print(json.dumps({
+            "pipeline": pipeline.name, "ledger": pipeline.ledger_path, "newest_batch": newest,
+            "partitions": [asdict(x) for x in lags],
+            "batches": [{"batch": i.batch_id, "planned_at": i.planned_at.isoformat(),
+                         "offsets": sum(r.span for r in i.ranges), "g3": _g3(i),
+                         "ranges": [asdict(r) for r in i.ranges if r.span]} for i in shown]}, indent=2))
+        return 0
     rows = [(x.topic, str(x.partition), "-" if x.next_offset is None else str(x.next_offset), str(x.lso), str(x.lag))
             for x in lags]
     print(_table(rows, ("topic", "partition", "next offset", "LSO", "lag (offsets)")))
-    print(f"\nbatches ({len(intents)} in ledger {pipeline.ledger_path}; last {args.last} shown):")
+    where = "none yet" if newest is None else f"newest #{newest}"
+    print(f"\nbatches ({where} in ledger {pipeline.ledger_path}; last {args.last} shown):")
     history = [(str(i.batch_id), i.planned_at.isoformat(), str(sum(r.span for r in i.ranges)),
                 _g3(i), " ".join(f"{r.topic}[{r.partition}]:{r.start}-{r.end}" for r in i.ranges if r.span))
-               for i in intents[-args.last:]]
+               for i in shown]
     print(_table(history, ("batch", "planned at", "offsets", "G3 (multi-event txns)", "ranges")))
     print("\nnote: the newest batch is committed once `tidemark ingest` has run past it (a crash replays it)")
     return 0
@@ -328,9 +339,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    import json
     from pathlib import Path
 
-    from infra.spark import build_session
     from orchestration.status import pipeline_status, relay_summary
     from tidemark.config import load_config
     from tidemark.context import PipelineContext, resolve_bootstrap
@@ -338,12 +349,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     config = load_config(Path(args.config))
     bootstrap = resolve_bootstrap(config)
     quality_dir = settings().home_dir / "quality"
-    spark = build_session(settings(), "tidemark-status")
-    try:
-        statuses = [pipeline_status(spark, PipelineContext(config, p, bootstrap), quality_dir)
-                    for p in config.pipelines]
-    finally:
-        spark.stop()
+    statuses = [pipeline_status(PipelineContext(config, p, bootstrap), quality_dir) for p in config.pipelines]
+    relay = None
+    if args.relay:
+        _, dsn, _ = _relay_context(argparse.Namespace(config=args.config, relay_id=None))
+        relay = relay_summary(config, dsn)
+    if args.json:
+        print(json.dumps({"pipelines": [s.to_dict() for s in statuses], "relay": relay}, indent=2))
+        return 0
     rows = [(s.name, "-" if s.lag is None else str(s.lag), s.last_batch, s.quality, s.problem or "ok")
             for s in statuses]
     print(_table(rows, ("pipeline", "lag (offsets)", "last batch", "last quality verdict", "state")))
@@ -352,10 +365,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     if parts:
         print()
         print(_table(parts, ("pipeline", "partition", "committed (next offset)", "LSO", "lag")))
-    if args.relay:
-        _, dsn, _ = _relay_context(argparse.Namespace(config=args.config, relay_id=None))
+    if relay is not None:
         print()
-        print(_table(list(relay_summary(config, dsn).items()), ("relay", "state")))
+        print(_table(list(relay.items()), ("relay", "state")))
     return 0
 
 
@@ -417,6 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("pipeline")
     show.add_argument("--config", default="tidemark.yaml")
     show.add_argument("--last", type=int, default=10, help="how many batches of history to show")
+    show.add_argument("--json", action="store_true", help="machine-readable output")
     show.set_defaults(func=cmd_offsets_show)
 
     check = sub.add_parser("check", help="quality checks of a pipeline's table (Great Expectations); "
@@ -465,6 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
                                              "last quality verdict; the relay's lag")
     status_p.add_argument("--config", default="tidemark.yaml")
     status_p.add_argument("--no-relay", dest="relay", action="store_false", help="skip the relay's section")
+    status_p.add_argument("--json", action="store_true", help="machine-readable output")
     status_p.set_defaults(func=cmd_status)
 
     demo = sub.add_parser("demo", help="run the end-to-end demo on the embedded stack")
