@@ -622,10 +622,28 @@ def relay_status(relay: RelayConfig, *, dsn: str, client_config: dict[str, Any])
             status["slot"] = f"{relay.slot_name} ({active}{', INVALIDATED: ' + invalid if invalid else ''})"
             status["slot confirmed"] = str(slot.get("confirmed_flush_lsn"))
             status["WAL retained"] = str(retained)
-            cur.execute(f"SELECT count(*), EXTRACT(EPOCH FROM now() - min(created_at)) FROM {table.sql}")
-            pending, age = cur.fetchone()
+            pending, age = _backlog(cur, table)
             status["lag (events)"] = str(pending)
-            status["lag (seconds)"] = f"{float(age):.1f}" if age is not None else "0"
+            status["lag (seconds)"] = f"{age:.1f}"
     finally:
         conn.close()
     return status
+
+
+def _backlog(cur: Any, table: TableName) -> tuple[int, float]:
+    cur.execute(f"SELECT count(*), EXTRACT(EPOCH FROM now() - min(created_at)) FROM {table.sql}")
+    pending, age = cur.fetchone()
+    return int(pending), max(0.0, float(age)) if age is not None else 0.0
+
+
+def relay_backlog(relay: RelayConfig, dsn: str) -> tuple[int, float]:
+    """(outbox rows not yet relayed and acknowledged, age in seconds of the oldest; 0 when none)."""
+    import psycopg2
+
+    conn = psycopg2.connect(dsn, connect_timeout=5)
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            return _backlog(cur, TableName.parse(relay.table))
+    finally:
+        conn.close()

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -57,6 +58,9 @@ class IngestJob:
         """Source transactions the newest plan left for later (incomplete or split by the cut)."""
         self.start_offsets = dict(start_offsets or {})
         """Explicit start offsets of new partitions (a backfill), instead of the start policy."""
+        self.on_batch: Callable[[BatchResult, float], None] | None = None
+        """Called after each committed batch with its seconds (metrics); a replay found at start counts
+        its own call's seconds only when no new batch followed it in the same call."""
         self.client_config = librdkafka_config(config.kafka, bootstrap)
         self.kafka_options = spark_options(config.kafka, bootstrap)
         self._listed: dict[int, transactions.RelayRanges] = {}
@@ -158,9 +162,15 @@ class IngestJob:
         """Batches until every partition reaches ``bounds`` (a fixed LSO snapshot)."""
         report = IngestReport()
         while not (stop and stop.is_set()):
+            started = time.monotonic()
             replay, result = self.protocol.run_batch(
                 bounds, self._new_partition_starts, self.pipeline.max_records_per_batch,
                 max_bytes=self.pipeline.max_bytes_per_batch, sizes=self._sizes)
+            elapsed = time.monotonic() - started
+            if self.on_batch is not None:
+                for done in (replay, result):
+                    if done is not None:
+                        self.on_batch(done, elapsed if done is result or result is None else 0.0)
             if replay is not None:
                 log.warning("replayed batch %d (%d rows)", replay.intent.batch_id, replay.rows)
                 report.batches.append(replay)

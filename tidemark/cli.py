@@ -88,15 +88,45 @@ def _pipeline_context(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return ctx.config, ctx.pipeline, ctx.bootstrap
 
 
+def _metrics_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metrics-port", type=int, metavar="PORT",
+                        help="serve Prometheus metrics on http://HOST:PORT/metrics (docs/operations.md, Metrics)")
+    parser.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
+                        help="address the metrics endpoint binds (default 127.0.0.1; 0.0.0.0 for all)")
+
+
+def _metrics(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """The process's metrics, serving from now on, or None without ``--metrics-port``."""
+    if args.metrics_port is None:
+        return None
+    from tidemark.metrics import Metrics
+
+    metrics = Metrics()
+    try:
+        metrics.serve(args.metrics_port, args.metrics_host)
+    except OSError as exc:
+        raise ConfigError(f"--metrics-port {args.metrics_port}: cannot listen on {args.metrics_host}: "
+                          f"{exc.strerror}; choose a free port") from None
+    return metrics
+
+
 def cmd_ingest(args: argparse.Namespace) -> int:
+    from connectors.kafka_config import librdkafka_config
     from infra.spark import build_session
     from pipelines.ingest import IngestJob
+    from tidemark.metrics import timed
     from tidemark.signals import stop_on_signals
 
     config, pipeline, bootstrap = _pipeline_context(args)
+    metrics = _metrics(args)
+    if metrics is not None:  # scrapes answer while Spark starts
+        metrics.watch_pipelines([pipeline], librdkafka_config(config.kafka, bootstrap),
+                                settings().home_dir / "quality")
     spark = build_session(settings(), f"tidemark-ingest-{pipeline.name}")
     try:
         job = IngestJob(spark, config, pipeline, bootstrap)
+        if metrics is not None:
+            job.on_batch = timed(lambda result, seconds: metrics.batch(pipeline.name, result, seconds))
         report = job.follow(stop_on_signals()) if args.follow else job.run_bounded()
     finally:
         spark.stop()
@@ -294,6 +324,9 @@ def cmd_relay_run(args: argparse.Namespace) -> int:
     config, dsn, client = _relay_context(args)
     relay = Relay(config.relay, dsn=dsn, client_config=client, replication_factor=args.replication_factor,
                   topic_partitions=args.partitions)
+    metrics = _metrics(args)
+    if metrics is not None:
+        metrics.watch_relay(config.relay, dsn, live=relay)
     report = relay.run(stop_on_signals(), idle_exit=args.idle_exit)
     print(json.dumps({"relay": config.relay.id, "transactions": report.transactions, "events": report.events,
                       "kafka_transactions": report.kafka_transactions, "skipped_redelivered": report.skipped,
@@ -331,6 +364,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     os.environ["PREFECT_API_URL"] = stack.prefect_api()  # before Prefect reads its settings
     from orchestration.serve import serve_all
 
+    metrics = _metrics(args)
+    if metrics is not None:
+        from connectors.kafka_config import librdkafka_config
+        from tidemark.context import resolve_bootstrap
+
+        metrics.watch_pipelines(config.pipelines, librdkafka_config(config.kafka, resolve_bootstrap(config)),
+                                settings().home_dir / "quality")
+        if args.relay:
+            _, dsn, _ = _relay_context(argparse.Namespace(config=args.config, relay_id=None))
+            metrics.watch_relay(config.relay, dsn)
     where = server.ui_url if server else os.environ["PREFECT_API_URL"]
     print(f"serving {len(config.pipelines)} pipeline(s){' and the relay' if args.relay else ''}; "
           f"Prefect UI {where}; stop with Ctrl-C or SIGTERM", flush=True)
@@ -408,6 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--config", default="tidemark.yaml", help="config file (default ./tidemark.yaml)")
     ingest.add_argument("--follow", action="store_true",
                         help="keep ingesting micro-batches; SIGTERM finishes the batch in flight and exits")
+    _metrics_arguments(ingest)
     ingest.set_defaults(func=cmd_ingest)
 
     backfill = sub.add_parser(
@@ -456,6 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                     "(default relay.topic_partitions, else the cluster's)")
     run.add_argument("--replication-factor", type=int, help="of topics the relay creates "
                                                             "(default relay.replication_factor, else the cluster's)")
+    _metrics_arguments(run)
     status = relay_sub.add_parser("status", help="position, slot, lag in events and seconds")
     dead = relay_sub.add_parser("dead-letter", help="acknowledge a refused source transaction: move it whole to "
                                                     "the dead letters, so the relay skips it")
@@ -472,6 +517,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", default="tidemark.yaml")
     serve.add_argument("--relay", action="store_true", help="also supervise the outbox relay "
                                                             "(restarted with backoff on crash)")
+    _metrics_arguments(serve)
     serve.set_defaults(func=cmd_serve)
 
     status_p = sub.add_parser("status", help="one screen: each pipeline's offsets, LSO, lag, last batch, "
