@@ -126,6 +126,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     try:
         job = IngestJob(spark, config, pipeline, bootstrap)
         if metrics is not None:
+            metrics.count_batches(pipeline.name)
             job.on_batch = timed(lambda result, seconds: metrics.batch(pipeline.name, result, seconds))
         report = job.follow(stop_on_signals()) if args.follow else job.run_bounded()
     finally:

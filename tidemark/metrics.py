@@ -65,6 +65,13 @@ class Metrics:
         self.last_batch = Gauge("tidemark_last_batch_timestamp_seconds", "When this process last committed a "
                                 "batch (Unix time)", ["pipeline"], registry=r)
 
+    def count_batches(self, pipeline: str) -> None:
+        """Show ``pipeline``'s batch counters at 0 from the start (a series that appears only at its first
+        increment hides that first increase from ``rate()``)."""
+        for counter in (self.batches, self.rows, self.quarantined, self.offsets, self.released):
+            counter.labels(pipeline)
+        self.duration.labels(pipeline)
+
     def batch(self, pipeline: str, result: BatchResult, seconds: float) -> None:
         """Count one committed batch (``IngestJob``'s ``on_batch``)."""
         self.batches.labels(pipeline).inc()
