@@ -214,6 +214,18 @@ def test_dedup_quarantines_copies_and_the_audit_catches_them_without_it(
     bad = {v.check: v for v in audit(spark, plain_cfg.pipelines[0], **options).verdicts}
     assert not bad["event id unique"].passed and "30 unexpected" in bad["event id unique"].observed
     assert bad["Kafka records = table rows + quarantine rows"].passed
+    assert bad["(topic, partition, offset) unique"].passed
+
+    # A record written twice under different event ids: only the lineage check can see it.
+    from pyspark.sql import functions as F
+
+    copy = (spark.read.format("delta").load(pipeline.target).limit(1)
+            .withColumn("_tidemark_event_id", F.lit("a-copy")))
+    copy.write.format("delta").mode("append").save(pipeline.target)
+    copied = {v.check: v for v in audit(spark, pipeline, **options).verdicts}
+    assert copied["event id unique"].passed
+    assert not copied["(topic, partition, offset) unique"].passed
+    assert "2 unexpected" in copied["(topic, partition, offset) unique"].observed
 
 
 def test_the_planning_scan_reads_headers_as_the_table_column_does(spark, kafka_bootstrap: str,  # type: ignore[no-untyped-def]
