@@ -8,6 +8,10 @@ Spark reads always talk to the cluster the same way.
 
 from __future__ import annotations
 
+import logging
+import os
+from typing import Any
+
 from tidemark.config import KafkaConnection
 
 _JAAS_MODULE = {
@@ -17,10 +21,17 @@ _JAAS_MODULE = {
 }
 
 
-def librdkafka_config(conn: KafkaConnection, bootstrap: str) -> dict[str, str]:
+def client_logging() -> dict[str, Any]:
+    """Under the CLI (``tidemark.logs``), librdkafka's lines go through Python logging to the log file
+    instead of straight to stderr; elsewhere, librdkafka's default."""
+    return {"logger": logging.getLogger("librdkafka")} if os.environ.get("TIDEMARK_LOG_DIR") else {}
+
+
+def librdkafka_config(conn: KafkaConnection, bootstrap: str) -> dict[str, Any]:
     """Properties for confluent-kafka clients (secrets in clear: pass straight to the client)."""
     sec = conn.security
-    props = {"bootstrap.servers": bootstrap, "security.protocol": sec.protocol}
+    props: dict[str, Any] = {"bootstrap.servers": bootstrap, "security.protocol": sec.protocol,
+                             **client_logging()}
     if sec.sasl_mechanism:
         props["sasl.mechanism"] = sec.sasl_mechanism
         props["sasl.username"] = sec.sasl_username or ""

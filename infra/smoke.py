@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from connectors.kafka_config import client_logging
 from connectors.topic_reader import read_to_end
 from infra.stack import Endpoints, Stack
 from tidemark.settings import Settings
@@ -46,9 +47,9 @@ def _step(title: str) -> Callable[[], None]:
 
 
 def _kafka_checks(endpoints: Endpoints, topic: str) -> list[Check]:
-    admin = AdminClient({"bootstrap.servers": endpoints.kafka_bootstrap})
+    admin = AdminClient({"bootstrap.servers": endpoints.kafka_bootstrap, **client_logging()})
     admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
-    producer = Producer({"bootstrap.servers": endpoints.kafka_bootstrap,
+    producer = Producer({"bootstrap.servers": endpoints.kafka_bootstrap, **client_logging(),
                          "transactional.id": f"tidemark-smoke-{uuid.uuid4().hex[:6]}"})
     producer.init_transactions(30)
     for count, commit in ((COMMITTED // 2, True), (ABORTED, False), (COMMITTED // 2, True)):
@@ -140,7 +141,7 @@ def run_demo(settings: Settings, *, keep: bool = False, duration: float = 60) ->
         done = _step("PostgreSQL logical decoding")
         checks += _postgres_checks(endpoints)
         done()
-        admin = AdminClient({"bootstrap.servers": endpoints.kafka_bootstrap})  # kept alive for the future
+        admin = AdminClient({"bootstrap.servers": endpoints.kafka_bootstrap, **client_logging()})  # kept alive for the future
         admin.delete_topics([topic])[topic].result(30)
         done = _step(f"the product for {duration:.0f}s: an order service's transactions -> outbox -> supervised "
                      "relay -> Kafka -> ingest every 5s through Prefect -> Delta; then a quality audit")

@@ -42,13 +42,29 @@ def spark_conf(settings: Settings, *, warehouse: Path | None = None) -> dict[str
         "spark.sql.sources.parallelPartitionDiscovery.parallelism": "2",
         "spark.sql.adaptive.enabled": "true",
         "spark.driver.extraJavaOptions": (
-            f"-Dderby.system.home={home / 'derby'} -Dlog4j2.configurationFile={LOG4J2}"
+            f"-Dderby.system.home={home / 'derby'} -Dlog4j2.configurationFile={_log4j2()}"
         ),
     }
     if settings.spark.master.startswith("local"):
         conf["spark.driver.bindAddress"] = "127.0.0.1"
         conf["spark.driver.host"] = "127.0.0.1"
     return conf
+
+
+def _log4j2() -> Path:
+    """The driver's log4j2 configuration: stderr (as shipped), or a file when the CLI says so (``tidemark.logs``)."""
+    directory = os.environ.get("TIDEMARK_LOG_DIR")
+    if not directory or os.environ.get("TIDEMARK_VERBOSE"):
+        return LOG4J2
+    path = Path(directory) / "spark-log4j2.properties"
+    shipped = LOG4J2.read_text()
+    to_file = (shipped.replace("appender.console.type = Console", "appender.console.type = File")
+               .replace("appender.console.target = SYSTEM_ERR",
+                        f"appender.console.fileName = {Path(directory) / 'spark.log'}")
+               .replace("%d{HH:mm:ss}", "%d{yyyy-MM-dd HH:mm:ss}"))
+    path.write_text("# Written by Tidemark from infra/spark-log4j2.properties: the driver's log to a file.\n"
+                    + to_file)
+    return path
 
 
 def build_session(settings: Settings, app_name: str = "tidemark", *, warehouse: Path | None = None) -> SparkSession:

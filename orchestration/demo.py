@@ -23,6 +23,7 @@ from typing import Any
 import psutil
 import yaml
 
+from connectors.kafka_config import client_logging
 from infra.sample_app import SampleApp
 from infra.stack import Endpoints
 from tidemark.settings import Settings
@@ -133,7 +134,7 @@ def _summarise(spark: Any, config: Any, pipeline: Any, committed: set[str], lag:
     from tidemark.context import resolve_bootstrap
 
     bootstrap = resolve_bootstrap(config)
-    with KafkaAdmin({"bootstrap.servers": bootstrap}) as admin:
+    with KafkaAdmin({"bootstrap.servers": bootstrap, **client_logging()}) as admin:
         topics = admin.topics_matching(pipeline.topics, pipeline.topic_pattern)
     in_kafka = Counter(v.decode() for t in topics for r in read_to_end(bootstrap, t)
                        for k, v in r.headers if k == "id")

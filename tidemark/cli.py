@@ -430,6 +430,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tidemark", description="Exactly-once Kafka to Delta Lake ingestion.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also show Spark's, librdkafka's, GX's and Prefect's messages here "
+                             "(always in TIDEMARK_HOME/logs/)")
     parser.add_argument("--log-json", action="store_true", help="structured logs: one JSON object per line, "
                                                                    "INFO and up, on stderr")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -539,13 +542,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.log_json:
-        handler = logging.StreamHandler()
-        handler.setFormatter(JsonFormatter())
-        logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO, handlers=[handler])
-    else:
-        logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from tidemark.logs import configure
+
+    configure(settings().home_dir, verbose=args.verbose, debug=args.debug,
+              formatter=JsonFormatter() if args.log_json else None)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -100,9 +101,21 @@ def test_stack_up_names_a_taken_port(cli_env: dict[str, str]) -> None:
     assert _wait_gone(Path(cli_env["TIDEMARK_HOME"])) == []
 
 
+#: Lines an operator should never see from a run that went well (issue 18): a Java or Python stack
+#: trace, a tqdm progress bar, a librdkafka log line.
+_NOISE = re.compile(r"^(\s+at [\w.$<>]+\(|Caused by: |Traceback |\S+\.\w*(Exception|Error): )"
+                    r"|it/s\]|Calculating Metrics|^%\d\|\d+\.\d+\|", re.MULTILINE)
+
+
 def test_demo_passes_and_leaves_no_process(cli_env: dict[str, str]) -> None:
     result = tidemark(cli_env, "demo", "--duration", "20", timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
+    noise = [m.group(0) for m in _NOISE.finditer(result.stdout + result.stderr)]
+    assert noise == [], f"{noise[:5]}\n{result.stderr[-3000:]}"
+    logs = Path(cli_env["TIDEMARK_HOME"]) / "logs"
+    assert f"in {logs / 'tidemark.log'}" in result.stderr  # where the rest went, named once
+    assert result.stderr.count("other components' messages are in") == 1
+    assert (logs / "spark.log").exists()
     verdicts = [line.split()[0] for line in result.stdout.splitlines() if line.startswith(("  PASS  ", "  FAIL  "))]
     assert verdicts == ["PASS"] * 9, result.stdout
     assert "exactly-once held" in result.stdout and "Data Docs: file://" in result.stdout
