@@ -92,15 +92,19 @@ def emit(lines: list[str], output: str | None) -> None:
         Path(output).write_text(report + "\n")
 
 
-def emit_json(data: dict[str, object], path: str | None) -> None:
-    """Write a benchmark's figures as JSON (``--json FILE``), with when and where they were taken."""
-    if not path:
-        return
+def emit_json(data: dict[str, object], path: str | None, *, png: str | None = None) -> None:
+    """Write a benchmark's figures as JSON (``--json FILE``), with when and where they were taken,
+    and with ``png`` (``--png FILE``) their chart (``bench.plots``)."""
     import json
 
     payload = {"taken_at": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine(),
                "load_after": loadavg(), "command": " ".join(sys.argv), **data}
-    Path(path).write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    if path:
+        Path(path).write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    if png:
+        from bench import plots
+
+        plots.save(payload, png)
 
 
 def bars_svg(path: str, title: str, bars: dict[str, float], unit: str) -> None:

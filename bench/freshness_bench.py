@@ -197,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dsn", help="use this PostgreSQL instead of a fresh embedded server")
     parser.add_argument("--output", help="also write the markdown report to this file")
     parser.add_argument("--json", help="write the figures as JSON to this file")
+    parser.add_argument("--png", help="draw the figures as a PNG chart to this file (bench.plots)")
     parser.add_argument("--svg", help="write a bar chart of p99 seconds to this SVG file")
     parser.add_argument("--structured-streaming-child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -270,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     emit_json({"benchmark": "freshness_bench", "rate": args.rate, "seconds": args.seconds, "warmup": args.warmup,
                "contenders": results, "load_after": loadavg(),
                "p99_ratio_tidemark_vs_structured_streaming":
-                   results["tidemark"]["p99"] / results["structured-streaming"]["p99"]}, args.json)
+                   results["tidemark"]["p99"] / results["structured-streaming"]["p99"]}, args.json, png=args.png)
     if args.svg:
         bars_svg(args.svg, f"Freshness p99 at {args.rate:,} events/s (commit to visible in Delta)",
                  {name: r["p99"] for name, r in results.items()}, "s")

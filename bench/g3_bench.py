@@ -120,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dsn", help="use this PostgreSQL instead of a fresh embedded server")
     parser.add_argument("--output", help="also write the markdown report to this file")
     parser.add_argument("--json", help="write the figures as JSON to this file")
+    parser.add_argument("--png", help="draw the figures as a PNG chart to this file (bench.plots)")
     args = parser.parse_args(argv)
 
     from infra.spark import build_session
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                "seconds": med, "runs_s": times,
                "ratio_g3_vs_plain": med["plain"] / med["g3"],
                "ratio_g3_scan_vs_plain": med["plain"] / med["g3-scan"],
-               "ratio_g3_dedup_vs_plain": med["plain"] / med["g3+dedup"]}, args.json)
+               "ratio_g3_dedup_vs_plain": med["plain"] / med["g3+dedup"]}, args.json, png=args.png)
     return 0
 
 

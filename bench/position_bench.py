@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap", help="use this Kafka cluster instead of a fresh embedded broker")
     parser.add_argument("--output", help="also write the markdown report to this file")
     parser.add_argument("--json", help="write the figures as JSON to this file")
+    parser.add_argument("--png", help="draw the figures as a PNG chart to this file (bench.plots)")
     args = parser.parse_args(argv)
 
     load_before = loadavg()
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     emit(lines, args.output)
     emit_json({"benchmark": "position_bench", "positions": args.positions, "reps": args.reps,
                "seconds": {f"{n}@{label}": v for (n, label), v in med.items()},
-               "growth_tail": growth["tail"], "growth_old": growth["old"]}, args.json)
+               "growth_tail": growth["tail"], "growth_old": growth["old"]}, args.json, png=args.png)
     return 0
 
 

@@ -215,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dsn", help="use this PostgreSQL instead of a fresh embedded server")
     parser.add_argument("--output", help="also write the markdown report to this file")
     parser.add_argument("--json", help="write the figures as JSON to this file")
+    parser.add_argument("--png", help="draw the figures as a PNG chart to this file (bench.plots)")
     parser.add_argument("--svg", help="write a bar chart of events/s to this SVG file")
     args = parser.parse_args(argv)
 
@@ -275,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
                               "runs_s": {n: times[(size, n)] for n in contenders}}
     emit(lines, args.output)
     emit_json({"benchmark": "relay_bench", "events": args.events, "reps": args.reps, "by_txn_size": figures},
-              args.json)
+              args.json, png=args.png)
     if args.svg:
         bars_svg(args.svg, f"Relay events/s ({args.events:,} events; events per source transaction)",
                  {f"{n} ({size})": rate[(size, n)] for size in sizes for n in contenders}, "ev/s")

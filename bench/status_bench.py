@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap", help="use this Kafka cluster instead of a fresh embedded broker")
     parser.add_argument("--output", help="also write the markdown report to this file")
     parser.add_argument("--json", help="write the figures as JSON to this file")
+    parser.add_argument("--png", help="draw the figures as a PNG chart to this file (bench.plots)")
     args = parser.parse_args(argv)
 
     import yaml
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"({ratio:.1f}× longer).**")]
     emit(lines, args.output)
     emit_json({"benchmark": "status_bench", "batches": args.batches, "reps": args.reps,
-               "seconds": med, "runs": times, "ratio_spark_vs_status": ratio}, args.json)
+               "seconds": med, "runs": times, "ratio_spark_vs_status": ratio}, args.json, png=args.png)
     return 0
 
 

@@ -18,12 +18,14 @@ stopped when run again. Records that retention already deleted stop the backfill
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING
 
 from connectors.admin import TP, KafkaAdmin, PartitionBounds, RetentionLossError, check_retention
 from offsets.ledger import Ledger
+from offsets.protocol import BatchResult
 from pipelines.ingest import IngestJob, IngestReport
 from tidemark.config import PipelineConfig, TidemarkConfig, TimestampStart
 from tidemark.errors import ConfigError
@@ -79,12 +81,16 @@ class Backfill:
         self.source = pipeline
         self.bootstrap = bootstrap
         self.into = into
+        self.on_batch: Callable[[BatchResult, float], None] | None = None
+        """Called after each batch written (a progress bar); a stored batch's seconds are its own."""
 
     def _job(self, start: PipelineConfig | None = None, start_offsets: Mapping[TP, int] | None = None,
              dedup_table: str | None = None) -> IngestJob:
         target = (start or self.source).model_copy(update={"target": self.into, "quarantine": None})
-        return IngestJob(self.spark, self.config, target, self.bootstrap, start_offsets=start_offsets,
-                         dedup_table=dedup_table)
+        job = IngestJob(self.spark, self.config, target, self.bootstrap, start_offsets=start_offsets,
+                        dedup_table=dedup_table)
+        job.on_batch = self.on_batch
+        return job
 
     def stored_batches(self, first: int, last: int) -> IngestReport:
         intents = Ledger(self.spark, self.source.ledger_path, self.source.name).history(first, last)
@@ -105,8 +111,12 @@ class Backfill:
                     check_retention(starts, admin.bounds(starts))
                 except RetentionLossError as exc:
                     raise RetentionLossError(exc.losses, context=f" (batch {intent.batch_id})", hint=_HINT) from None
+                started = time.monotonic()
                 replay, result = job.protocol.run_intent(intent)
-                report.batches += [b for b in (replay, result) if b is not None]
+                done = [b for b in (replay, result) if b is not None]
+                report.batches += done
+                if self.on_batch is not None and done:
+                    self.on_batch(done[-1], time.monotonic() - started)
         return report
 
     def from_offsets(self, offsets: Mapping[TP, int]) -> IngestReport:

@@ -113,8 +113,11 @@ def _metrics(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 def cmd_ingest(args: argparse.Namespace) -> int:
     from connectors.kafka_config import librdkafka_config
     from infra.spark import build_session
+    from offsets.ledger import read_last
+    from offsets.protocol import BatchResult
     from pipelines.ingest import IngestJob
     from tidemark.metrics import timed
+    from tidemark.progress import IngestProgress, on_terminal, planned_offsets
     from tidemark.signals import stop_on_signals
 
     config, pipeline, bootstrap = _pipeline_context(args)
@@ -125,10 +128,27 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     spark = build_session(settings(), f"tidemark-ingest-{pipeline.name}")
     try:
         job = IngestJob(spark, config, pipeline, bootstrap)
+        hooks: list[Callable[[BatchResult, float], None]] = []
         if metrics is not None:
             metrics.count_batches(pipeline.name)
-            job.on_batch = timed(lambda result, seconds: metrics.batch(pipeline.name, result, seconds))
-        report = job.follow(stop_on_signals()) if args.follow else job.run_bounded()
+            hooks.append(timed(lambda result, seconds: metrics.batch(pipeline.name, result, seconds)))
+
+        def each_batch(result: BatchResult, seconds: float) -> None:
+            for hook in hooks:
+                hook(result, seconds)
+
+        job.on_batch = each_batch
+        if args.follow:
+            report = job.follow(stop_on_signals())
+        elif on_terminal():
+            bounds = job.snapshot()
+            last = read_last(pipeline.ledger_path, pipeline.name)
+            with IngestProgress(spark, planned_offsets(bounds, last.ends() if last else {}), pipeline.name,
+                                per_batch=pipeline.max_records_per_batch) as bar:
+                hooks.append(bar.batch)
+                report = job.run_to(bounds)
+        else:
+            report = job.run_bounded()
     finally:
         spark.stop()
     print(f"{pipeline.name}: {report.summary()} -> {pipeline.target}")
@@ -140,6 +160,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     from pipelines.backfill import Backfill, parse_batches, parse_offsets
     from tidemark.config import TimestampStart
     from tidemark.errors import ConfigError
+    from tidemark.progress import IngestProgress
 
     config, pipeline, bootstrap = _pipeline_context(args)
     # Validate the cheap things before a JVM starts.
@@ -155,13 +176,15 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     spark = build_session(settings(), f"tidemark-backfill-{pipeline.name}")
     try:
         backfill = Backfill(spark, config, pipeline, bootstrap, args.into)
-        if batches:
-            report = backfill.stored_batches(*batches)
-        elif offsets:
-            report = backfill.from_offsets(offsets)
-        else:
-            assert when is not None
-            report = backfill.from_timestamp(when)
+        with IngestProgress(spark, None, f"backfill {pipeline.name}") as bar:
+            backfill.on_batch = bar.batch
+            if batches:
+                report = backfill.stored_batches(*batches)
+            elif offsets:
+                report = backfill.from_offsets(offsets)
+            else:
+                assert when is not None
+                report = backfill.from_timestamp(when)
     finally:
         spark.stop()
     print(f"{pipeline.name} backfill: {report.summary()} -> {args.into}")

@@ -1,0 +1,128 @@
+"""PNG charts of the benchmarks' JSON figures (matplotlib, no display needed).
+
+Each benchmark script draws its chart with ``--png FILE`` from the same figures it writes
+with ``--json FILE``; this module also redraws every chart from stored JSON files, so a
+chart in docs/benchmarks.md always matches its JSON:
+
+    .venv/bin/python -m bench.plots docs/bench        # each docs/bench/<name>.json -> <name>.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+Figure = Any
+
+
+def _pyplot():  # type: ignore[no-untyped-def]
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _footer(fig: Figure, data: dict[str, Any]) -> None:
+    machine = data.get("machine") or {}
+    fig.text(0.01, 0.01, f"{data.get('taken_at', '?')}; {machine.get('nproc', '?')} cores; "
+             f"load after {data.get('load_after', '?')} (compare ratios, not absolute values)",
+             fontsize=7, color="#666666")
+
+
+def _grouped(title: str, groups: list[str], series: dict[str, list[float]], unit: str) -> Figure:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    width = 0.8 / max(1, len(series))
+    for i, (name, values) in enumerate(series.items()):
+        xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
+        bars = ax.bar(xs, values, width, label=name)
+        ax.bar_label(bars, labels=[f"{v:,.0f}" if v >= 100 else f"{v:.2f}" for v in values], fontsize=7)
+    ax.set_xticks(range(len(groups)), groups)
+    ax.set_ylabel(unit)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    return fig
+
+
+def relay(data: dict[str, Any]) -> Figure:
+    sizes = sorted(data["by_txn_size"], key=int)
+    names = ("relay", "nontxn-relay", "plain-producer")
+    series = {n: [data["by_txn_size"][s][f"{n}_events_per_s"] for s in sizes] for n in names}
+    return _grouped(f"Relay throughput, {data['events']:,} events (ratio relay / nontxn-relay: "
+                    + ", ".join(f"{data['by_txn_size'][s]['ratio_vs_nontxn_relay']:.2f}×" for s in sizes) + ")",
+                    [f"{s} event(s) per source txn" for s in sizes], series, "events/s")
+
+
+def g3(data: dict[str, Any]) -> Figure:
+    seconds = data["seconds"]
+    names = [n for n in ("plain", "g3", "g3-scan", "g3+dedup") if n in seconds]
+    rates = [data["records"] / seconds[n] for n in names]
+    fig = _grouped(f"G3 cost, {data['records']:,} relay-written events (median of {data['reps']})",
+                   ["throughput"], {n: [r] for n, r in zip(names, rates, strict=True)}, "events/s")
+    return fig
+
+
+def freshness(data: dict[str, Any]) -> Figure:
+    contenders = data["contenders"]
+    quantiles = ("p50", "p95", "p99", "max")
+    series = {name: [c[q] for q in quantiles] for name, c in contenders.items()}
+    return _grouped(f"Freshness at {data['rate']:,} events/s: database commit to visible in Delta",
+                    list(quantiles), series, "seconds")
+
+
+def position(data: dict[str, Any]) -> Figure:
+    seconds = data["seconds"]
+    readers = sorted({k.split("@")[0] for k in seconds})
+    sizes = sorted({k.split("@")[1] for k in seconds}, key=lambda s: int(s.replace(",", "")))
+    series = {f"{s} positions": [seconds[f"{r}@{s}"] for r in readers] for s in sizes}
+    return _grouped("Relay start-up: reading the position", readers, series, "seconds")
+
+
+def status(data: dict[str, Any]) -> Figure:
+    seconds = data["seconds"]
+    return _grouped(f"Operator commands as new processes ({data['batches']} batches in the ledger)",
+                    list(seconds), {"median": list(seconds.values())}, "seconds")
+
+
+CHARTS: dict[str, Callable[[dict[str, Any]], Figure]] = {
+    "relay_bench": relay, "g3_bench": g3, "freshness_bench": freshness, "position_bench": position,
+    "status_bench": status,
+}
+
+
+def save(data: dict[str, Any], path: str | Path | None) -> None:
+    """Draw ``data`` (a benchmark's JSON figures) to the PNG ``path``; nothing without a path."""
+    if not path:
+        return
+    chart = CHARTS.get(str(data.get("benchmark")))
+    if chart is None:
+        raise ValueError(f"no chart for benchmark {data.get('benchmark')!r}; known: {', '.join(CHARTS)}")
+    fig = chart(data)
+    _footer(fig, data)
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("directory", help="where the benchmarks' JSON files are (docs/bench)")
+    args = parser.parse_args(argv)
+    drawn = 0
+    for source in sorted(Path(args.directory).glob("*.json")):
+        data = json.loads(source.read_text())
+        if data.get("benchmark") in CHARTS:
+            save(data, source.with_suffix(".png"))
+            print(f"{source.with_suffix('.png')}")
+            drawn += 1
+    return 0 if drawn else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
