@@ -68,25 +68,23 @@ def _kafka_checks(endpoints: Endpoints, topic: str) -> list[Check]:
 
 
 def _spark_checks(settings: Settings, endpoints: Endpoints, topic: str) -> list[Check]:
-    from infra.spark import build_session
+    # The product's session: started here once, used again by the product step, stopped by run_demo.
+    from orchestration.flows import spark_session
 
     table = str(settings.home_dir / "demo" / f"smoke-{topic}")
-    spark = build_session(settings, "tidemark-smoke")
-    try:
-        df = (spark.read.format("kafka")
-              .option("kafka.bootstrap.servers", endpoints.kafka_bootstrap)
-              .option("subscribe", topic)
-              .option("startingOffsets", "earliest").option("endingOffsets", "latest")
-              .option("kafka.isolation.level", "read_committed")
-              .load())
-        rows = df.selectExpr("topic", "partition", "offset", "CAST(value AS STRING) AS value")
-        seen = rows.count()
-        for _ in range(2):  # the second write replays version 1: Delta must skip it
-            (rows.write.format("delta").mode("append")
-             .option("txnAppId", "tidemark-smoke").option("txnVersion", 1).save(table))
-        in_table = spark.read.format("delta").load(table).count()
-    finally:
-        spark.stop()
+    spark = spark_session()
+    df = (spark.read.format("kafka")
+          .option("kafka.bootstrap.servers", endpoints.kafka_bootstrap)
+          .option("subscribe", topic)
+          .option("startingOffsets", "earliest").option("endingOffsets", "latest")
+          .option("kafka.isolation.level", "read_committed")
+          .load())
+    rows = df.selectExpr("topic", "partition", "offset", "CAST(value AS STRING) AS value")
+    seen = rows.count()
+    for _ in range(2):  # the second write replays version 1: Delta must skip it
+        (rows.write.format("delta").mode("append")
+         .option("txnAppId", "tidemark-smoke").option("txnVersion", 1).save(table))
+    in_table = spark.read.format("delta").load(table).count()
     return [
         Check("Spark's Kafka source reads only committed records", seen == COMMITTED,
               f"{seen} rows (expected {COMMITTED})"),
