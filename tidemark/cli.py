@@ -23,6 +23,19 @@ if TYPE_CHECKING:
 
 
 def _table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
+    """A table: drawn by rich on a terminal, plain aligned columns when piped (scripts parse those)."""
+    if sys.stdout.isatty():
+        from rich import box
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(*header, box=box.SIMPLE_HEAD)
+        for row in rows:
+            table.add_row(*map(str, row))
+        console = Console()
+        with console.capture() as captured:
+            console.print(table)
+        return captured.get().rstrip("\n")
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     lines = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
@@ -567,8 +580,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from tidemark.logs import configure
 
-    configure(settings().home_dir, verbose=args.verbose, debug=args.debug,
-              formatter=JsonFormatter() if args.log_json else None)
+    log_file = configure(settings().home_dir, verbose=args.verbose, debug=args.debug,
+                         formatter=JsonFormatter() if args.log_json else None)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
@@ -585,9 +598,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         import traceback
 
+        logging.getLogger("tidemark.cli").exception("internal error", extra={"file_only": True})
         last = traceback.format_exc().strip().splitlines()[-1]
-        print(f"tidemark: internal error: {last}\nrerun with --debug for the traceback and report it",
-              file=sys.stderr)
+        print(f"tidemark: internal error: {last}\nthe traceback is in {log_file}; rerun with --debug to see it "
+              "here, and report it", file=sys.stderr)
         return 70  # EX_SOFTWARE
 
 

@@ -37,6 +37,8 @@ class _OwnOnly(logging.Filter):
         self.told = False
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "file_only", False):
+            return False  # e.g. an internal error's traceback: the console has its one line
         if record.name.split(".", 1)[0] in OWN:
             return True
         if record.levelno >= logging.WARNING and not self.told:

@@ -109,3 +109,18 @@ def test_json_log_lines_are_one_object_each() -> None:
     assert "\n" not in line
     assert json.loads(line) | {"ts": "-"} == {"ts": "-", "level": "INFO", "logger": "outbox.relay",
                                               "msg": "relayed txid 7: 3 events"}
+
+
+def test_an_internal_error_prints_one_line_and_logs_the_traceback(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import subprocess
+    import sys
+
+    crash = "import sys, tidemark.cli as c\nc.cmd_stack_status = lambda a: 1 / 0\nsys.exit(c.main(['stack', 'status']))"
+    done = subprocess.run([sys.executable, "-c", crash], capture_output=True, text=True, timeout=60, check=False,
+                          env={**os.environ, "TIDEMARK_HOME": str(tmp_path)})
+    log_file = tmp_path / "logs" / "tidemark.log"
+    assert done.returncode == 70
+    assert done.stderr.splitlines()[0] == "tidemark: internal error: ZeroDivisionError: division by zero"
+    assert f"the traceback is in {log_file}" in done.stderr and "Traceback" not in done.stderr
+    assert "ZeroDivisionError" in log_file.read_text() and "Traceback (most recent call last)" in log_file.read_text()
