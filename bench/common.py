@@ -7,6 +7,7 @@ machine, the load average and the date, so a number in docs/benchmarks.md can be
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import shlex
@@ -90,6 +91,13 @@ def emit(lines: list[str], output: str | None) -> None:
     print(report, flush=True)
     if output:
         Path(output).write_text(report + "\n")
+
+
+def report_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--output``, ``--json`` and ``--png``: where a benchmark writes its report, figures and chart."""
+    parser.add_argument("--output", help="also write the markdown report to this file")
+    parser.add_argument("--json", help="write the figures as JSON to this file")
+    parser.add_argument("--png", help="draw the figures as a PNG chart to this file (bench.plots)")
 
 
 def emit_json(data: dict[str, object], path: str | None, *, png: str | None = None) -> None:

@@ -34,7 +34,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.common import bars_svg, emit, emit_json, header, kafka_broker, loadavg
+from bench.common import bars_svg, emit, emit_json, header, kafka_broker, loadavg, report_arguments
 from bench.relay_bench import postgres
 
 AGGREGATES = ("order", "payment", "shipment")
@@ -195,9 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=30, help="load before the window opens")
     parser.add_argument("--bootstrap", help="use this Kafka cluster instead of a fresh embedded broker")
     parser.add_argument("--dsn", help="use this PostgreSQL instead of a fresh embedded server")
-    parser.add_argument("--output", help="also write the markdown report to this file")
-    parser.add_argument("--json", help="write the figures as JSON to this file")
-    parser.add_argument("--png", help="draw the figures as a PNG chart to this file (bench.plots)")
+    report_arguments(parser)
     parser.add_argument("--svg", help="write a bar chart of p99 seconds to this SVG file")
     parser.add_argument("--structured-streaming-child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -37,7 +37,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.common import emit, emit_json, header, kafka_broker, loadavg
+from bench.common import emit, emit_json, header, kafka_broker, loadavg, report_arguments
 from bench.relay_bench import postgres
 
 SCHEMA = "order_id STRING, amount DOUBLE, note STRING"
@@ -118,9 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--bootstrap", help="use this Kafka cluster instead of a fresh embedded broker")
     parser.add_argument("--dsn", help="use this PostgreSQL instead of a fresh embedded server")
-    parser.add_argument("--output", help="also write the markdown report to this file")
-    parser.add_argument("--json", help="write the figures as JSON to this file")
-    parser.add_argument("--png", help="draw the figures as a PNG chart to this file (bench.plots)")
+    report_arguments(parser)
     args = parser.parse_args(argv)
 
     from infra.spark import build_session

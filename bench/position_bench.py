@@ -22,7 +22,7 @@ import sys
 import time
 import uuid
 
-from bench.common import emit, emit_json, header, kafka_broker, loadavg
+from bench.common import emit, emit_json, header, kafka_broker, loadavg, report_arguments
 
 
 def fill(bootstrap: str, topic: str, positions: int) -> None:
@@ -67,9 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--positions", type=int, default=1_000_000)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--bootstrap", help="use this Kafka cluster instead of a fresh embedded broker")
-    parser.add_argument("--output", help="also write the markdown report to this file")
-    parser.add_argument("--json", help="write the figures as JSON to this file")
-    parser.add_argument("--png", help="draw the figures as a PNG chart to this file (bench.plots)")
+    report_arguments(parser)
     args = parser.parse_args(argv)
 
     load_before = loadavg()

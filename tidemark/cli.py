@@ -129,7 +129,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from offsets.ledger import read_last
     from offsets.protocol import BatchResult
     from pipelines.ingest import IngestJob
-    from tidemark.metrics import timed
+    from tidemark.metrics import never_raising
     from tidemark.progress import IngestProgress, on_terminal, planned_offsets
     from tidemark.signals import stop_on_signals
 
@@ -144,7 +144,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         hooks: list[Callable[[BatchResult, float], None]] = []
         if metrics is not None:
             metrics.count_batches(pipeline.name)
-            hooks.append(timed(lambda result, seconds: metrics.batch(pipeline.name, result, seconds)))
+            hooks.append(never_raising(lambda result, seconds: metrics.batch(pipeline.name, result, seconds)))
 
         def each_batch(result: BatchResult, seconds: float) -> None:
             for hook in hooks:

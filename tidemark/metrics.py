@@ -194,7 +194,7 @@ class _RelayCollector(Collector):
         yield from (lag, age)
 
 
-def timed(on_batch: Callable[[BatchResult, float], None]) -> Callable[[BatchResult, float], None]:
+def never_raising(on_batch: Callable[[BatchResult, float], None]) -> Callable[[BatchResult, float], None]:
     """``on_batch`` with its own failures logged, never raised into the batch loop."""
     def call(result: BatchResult, seconds: float) -> None:
         try:
