@@ -184,10 +184,13 @@ def recent_commits(spark: SparkSession, path: str, pipeline: str,
 
 
 class Ledger:
-    def __init__(self, spark: SparkSession, path: str, pipeline: str) -> None:
+    def __init__(self, spark: SparkSession, path: str, pipeline: str, *,
+                 table_properties: Mapping[str, str] | None = None) -> None:
         self.spark = spark
         self.path = path
         self.pipeline = pipeline
+        self.table_properties = dict(table_properties or {})
+        """Delta properties the ledger is created with (ignored by Delta once it exists)."""
 
     def _exists(self) -> bool:
         return delta_table_exists(self.spark, self.path)
@@ -264,7 +267,7 @@ class Ledger:
          .option("txnAppId", app_id).option("txnVersion", intent.batch_id)
          .option("userMetadata", intent.to_json(write=write))
          .option("mergeSchema", "true")  # ledgers from before `decisions` gain the column
-         .save(self.path))
+         .options(**self.table_properties).save(self.path))
 
 
 def _intent(row: Mapping[str, Any]) -> Intent:

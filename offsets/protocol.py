@@ -214,13 +214,15 @@ class CommitProtocol:
     def __init__(
         self, spark: SparkSession, *, pipeline: str, target: str, quarantine: str, ledger: str,
         build_frames: FrameBuilder, partition_by: tuple[str, ...] = (), decide: Decide | None = None,
-        revise: Revise | None = None,
+        revise: Revise | None = None, table_properties: Mapping[str, str] | None = None,
     ) -> None:
         self.spark = spark
         self.pipeline = pipeline
         self.target = target
         self.quarantine = quarantine
-        self.ledger = Ledger(spark, ledger, pipeline)
+        self.table_properties = dict(table_properties or {})
+        """Delta properties each table is created with (writer options; an existing table keeps its own)."""
+        self.ledger = Ledger(spark, ledger, pipeline, table_properties=self.table_properties)
         self.build_frames = build_frames
         self.decide = decide
         self.revise = revise
@@ -396,7 +398,7 @@ class CommitProtocol:
         token = uuid.uuid4().hex
         writer = (df.write.format("delta").mode("append")
                   .option("txnAppId", self.pipeline).option("txnVersion", intent.batch_id)
-                  .option("userMetadata", intent.to_json(write=token)))
+                  .option("userMetadata", intent.to_json(write=token)).options(**self.table_properties))
         if partition_by:
             writer = writer.partitionBy(*partition_by)
         try:

@@ -14,6 +14,9 @@ work as well, but makes Spark log an error for every absent table.
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -80,3 +83,90 @@ def txn_version(path: str, app_id: str) -> int | None:
     except TableNotFoundError:
         return None  # no table yet, or its first commit still in flight
     return table.transaction_version(app_id)
+
+
+def maintenance_marker(ledger_path: str, pipeline: str) -> str:
+    """Where ``tidemark maintain`` records its last run (beside the ledger; VACUUM skips ``_`` folders)."""
+    return f"{ledger_path.rstrip('/')}/_tidemark_maintenance/{pipeline}.json"
+
+
+@dataclass(frozen=True)
+class TableShape:
+    """What a table costs to commit to and what it still lets you read (``tidemark status``)."""
+
+    path: str
+    version: int
+    files: int
+    bytes: int
+    oldest_readable_version: int
+    """The oldest version whose log and data files are all still there (time travel works from here)."""
+
+    @property
+    def mean_file_bytes(self) -> int:
+        return self.bytes // self.files if self.files else 0
+
+
+def table_shape(path: str, vacuumed: tuple[datetime, float] | None = None) -> TableShape | None:
+    """The shape of the Delta table at ``path`` by delta-rs (no JVM), or None if it does not exist.
+
+    ``vacuumed`` is the last VACUUM's (time, retention hours): it kept every file some version
+    active at or after ``time - retention`` reads, so the version active then is the oldest
+    whose files are whole. Log cleanup bounds it too: a version needs a checkpoint at or
+    below it (or the log from version 0). Commit times come from the commit files'
+    modification times, as Delta's own time travel takes them.
+    """
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        table = DeltaTable(path)
+    except TableNotFoundError:
+        return None
+    sizes = table.get_add_actions(flatten=True).column("size_bytes").to_pylist()
+    commits, checkpoints = _log_listing(path)
+    oldest = 0 if 0 in commits else min(checkpoints or commits or [table.version()])
+    if vacuumed is not None:
+        cutoff = (vacuumed[0] - timedelta(hours=vacuumed[1])).timestamp()
+        active_then = [v for v, mtime in commits.items() if mtime <= cutoff]
+        if active_then:
+            oldest = max(oldest, max(active_then))
+    return TableShape(path, table.version(), len(sizes), int(sum(sizes)), oldest)
+
+
+def _log_listing(path: str) -> tuple[dict[int, float], list[int]]:
+    """The ``_delta_log``'s commit versions (with modification times, epoch seconds) and checkpoint versions."""
+    import pyarrow.fs as pafs
+
+    fs, root = pafs.FileSystem.from_uri(_arrow_uri(path.rstrip("/") + "/_delta_log"))
+    commits: dict[int, float] = {}
+    checkpoints: list[int] = []
+    for info in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
+        name = info.base_name
+        head = name.split(".", 1)[0]
+        if not head.isdigit():
+            continue
+        if name.endswith(".json") and name.count(".") == 1:
+            commits[int(head)] = info.mtime.timestamp() if info.mtime else 0.0
+        elif ".checkpoint" in name:
+            checkpoints.append(int(head))
+    return commits, checkpoints
+
+
+def _arrow_uri(path: str) -> str:
+    """A Hadoop-style path as pyarrow names it (``s3a://`` is ``s3://``; a bare path is local)."""
+    if path.startswith("s3a://"):
+        return "s3://" + path[len("s3a://"):]
+    if "://" not in path:
+        return "file://" + os.path.abspath(path)
+    return path
+
+
+def read_text(path: str) -> str | None:
+    """A small file's text through pyarrow (no JVM), or None if it does not exist."""
+    import pyarrow.fs as pafs
+
+    fs, where = pafs.FileSystem.from_uri(_arrow_uri(path))
+    if fs.get_file_info(where).type == pafs.FileType.NotFound:
+        return None
+    with fs.open_input_stream(where) as stream:
+        return bytes(stream.read()).decode()

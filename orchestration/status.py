@@ -10,11 +10,14 @@ instead of failing the whole screen.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from offsets.lag import PartitionLag, partition_lags
 from offsets.ledger import read_last
+from offsets.tables import TableShape, maintenance_marker, read_text, table_shape
 from quality.audit import last_verdict
 from tidemark.config import TidemarkConfig
 from tidemark.context import PipelineContext, resolve_bootstrap
@@ -29,6 +32,10 @@ class PipelineStatus:
     last_batch: str = "-"
     quality: str = "never audited"
     problem: str | None = None
+    tables: dict[str, TableShape] = field(default_factory=dict)
+    """Per role (target, quarantine, ledger) that exists: versions, files, bytes, oldest readable version."""
+    maintained: str = "never"
+    """When ``tidemark maintain`` last finished, and its retention."""
 
     @property
     def lag(self) -> int | None:
@@ -36,7 +43,9 @@ class PipelineStatus:
 
     def to_dict(self) -> dict[str, object]:
         """For ``--json``: every field, the total lag, and per partition its offsets."""
-        return {**asdict(self), "lag": self.lag}
+        data = {**asdict(self), "lag": self.lag}
+        data["tables"] = {role: {**asdict(t), "mean_file_bytes": t.mean_file_bytes} for role, t in self.tables.items()}
+        return data
 
 
 def pipeline_status(ctx: PipelineContext, quality_dir: Path) -> PipelineStatus:
@@ -54,7 +63,33 @@ def pipeline_status(ctx: PipelineContext, quality_dir: Path) -> PipelineStatus:
         status.partitions = partition_lags(ctx.client_config, p, last.ends() if last else {})
     except TidemarkError as exc:
         status.problem = str(exc).splitlines()[0]
+    _table_shapes(status, ctx)
     return status
+
+
+def _table_shapes(status: PipelineStatus, ctx: PipelineContext) -> None:
+    """Each table's shape and the last maintenance run; a table that cannot be read is left out."""
+    from pipelines.maintain import tables_of
+
+    p = ctx.pipeline
+    vacuumed: tuple[datetime, float] | None = None
+    try:
+        text = read_text(maintenance_marker(p.ledger_path, p.name))
+    except OSError:
+        text = None
+    if text:
+        run = json.loads(text)
+        finished = datetime.fromisoformat(run["finished_at"])
+        vacuumed = (finished, float(run["retain_hours"]))
+        status.maintained = f"{run['finished_at']} (retention {float(run['retain_hours']):g} h)"
+    for role, path in tables_of(p):
+        try:
+            shape = table_shape(path, vacuumed)
+        except Exception as exc:  # noqa: BLE001 - an unreadable table must not hide the rest of the screen
+            status.problem = status.problem or f"{role} table {path} unreadable: {exc}".splitlines()[0]
+            continue
+        if shape is not None:
+            status.tables[role] = shape
 
 
 def relay_summary(config: TidemarkConfig, dsn: str) -> dict[str, str]:

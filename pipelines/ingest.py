@@ -70,6 +70,7 @@ class IngestJob:
             ledger=pipeline.ledger_path, partition_by=pipeline.partition_by, decide=self._decide, revise=self._revise,
             build_frames=lambda intent: frames(spark, self.kafka_options, pipeline, intent,
                                                dedup_table=self.dedup_table, listed=self._listed_for(intent)),
+            table_properties=pipeline.maintenance.table_properties(),
         )
 
     def _decide(self, intent: Intent, last: Intent | None, bounds: Mapping[TP, PartitionBounds]) -> Intent:

@@ -215,6 +215,30 @@ def _g3(intent: Intent) -> str:
     return f"scanned: {seen}, {intent.held} held{missing}, {len(intent.released)} released"
 
 
+def cmd_maintain(args: argparse.Namespace) -> int:
+    import json
+
+    from infra.spark import build_session
+    from pipelines.maintain import maintain
+
+    _, pipeline, _ = _pipeline_context(args)
+    if args.retain_hours is not None:
+        pipeline.maintenance.check_retention(args.retain_hours)  # before Spark starts
+    spark = build_session(settings(), f"tidemark-maintain-{pipeline.name}")
+    try:
+        report = maintain(spark, pipeline, retain_hours=args.retain_hours, apply_properties=args.apply_properties)
+    finally:
+        spark.stop()
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+        return 0
+    rows = [(t.role, t.skipped or f"{t.files_before} → {t.files_after}", str(t.compacted_away), str(t.vacuumed),
+             str(t.version), f"{t.seconds:.1f}") for t in report.tables]
+    print(_table(rows, ("table", "files", "compacted away", "vacuumed", "version", "seconds")))
+    print(f"retention {report.retain_hours:g} h: versions of the last {report.retain_hours:g} hours stay readable")
+    return 0
+
+
 def cmd_offsets_show(args: argparse.Namespace) -> int:
     import json
     from dataclasses import asdict
@@ -445,10 +469,24 @@ def cmd_status(args: argparse.Namespace) -> int:
     if parts:
         print()
         print(_table(parts, ("pipeline", "partition", "committed (next offset)", "LSO", "lag")))
+    shapes = [(s.name, role, str(t.version), f"{t.files:,}", _size(t.mean_file_bytes), _size(t.bytes),
+               str(t.oldest_readable_version), s.maintained) for s in statuses for role, t in s.tables.items()]
+    if shapes:
+        print()
+        print(_table(shapes, ("pipeline", "table", "version", "files", "mean file", "bytes", "readable from",
+                              "last maintained")))
     if relay is not None:
         print()
         print(_table(list(relay.items()), ("relay", "state")))
     return 0
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
 
 
 # -- demo ---------------------------------------------------------------------------
@@ -506,6 +544,22 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--from-timestamp", metavar="ISO8601", help="e.g. 2026-01-31T00:00:00Z")
     backfill.add_argument("--config", default="tidemark.yaml", help="config file (default ./tidemark.yaml)")
     backfill.set_defaults(func=cmd_backfill)
+
+    maint = sub.add_parser(
+        "maintain", help="compact and vacuum a pipeline's tables (safe while ingest runs)",
+        description="OPTIMIZE the target, quarantine and ledger (bin-packing; Z-ORDER by "
+                    "maintenance.zorder_by), then VACUUM with a retention never shorter than "
+                    "maintenance.time_travel_hours. Runs beside ingest: compaction never conflicts with its commits.")
+    maint.add_argument("pipeline")
+    maint.add_argument("--config", default="tidemark.yaml", help="config file (default ./tidemark.yaml)")
+    maint.add_argument("--retain-hours", type=float, metavar="H",
+                       help="VACUUM retention (default: maintenance.vacuum_retain_hours or time_travel_hours); "
+                            "refused if shorter than time_travel_hours")
+    maint.add_argument("--apply-properties", action="store_true",
+                       help="also set the maintenance table properties on existing tables (a metadata commit: "
+                            "a batch committing at that instant is retried)")
+    maint.add_argument("--json", action="store_true", help="machine-readable output")
+    maint.set_defaults(func=cmd_maintain)
 
     offsets = sub.add_parser("offsets", help="stored offsets of a pipeline")
     offsets_sub = offsets.add_subparsers(dest="action", required=True, metavar="ACTION")

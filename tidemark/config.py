@@ -130,6 +130,60 @@ class ScheduleConfig(BaseModel):
     """Wait before the first retry; doubled for each next one."""
     wait_for_slot_seconds: Annotated[float, Field(ge=0)] = 600.0
     """How long a run waits for a rival run of the same pipeline before it is refused."""
+    maintain_every_seconds: Annotated[float, Field(ge=60)] | None = 3600.0
+    """``tidemark maintain`` (compaction, VACUUM) this often; null: no schedule. Hourly keeps a
+    pipeline committing every few seconds below ~1,000 small files per table (docs/benchmarks.md,
+    "Per-batch cost vs history")."""
+
+
+class MaintenanceConfig(BaseModel):
+    """What ``tidemark maintain`` keeps, and the table properties new tables are created with."""
+
+    model_config = _MODEL
+
+    time_travel_hours: Annotated[float, Field(ge=0)] = 168.0
+    """The promise: every version of the last this-many hours stays readable (time travel, and
+    dedup's lookups when a stored batch is replayed or backfilled). New tables get it as
+    ``delta.deletedFileRetentionDuration`` and ``delta.logRetentionDuration``."""
+    vacuum_retain_hours: Annotated[float, Field(ge=0)] | None = None
+    """VACUUM's retention; unset: ``time_travel_hours``. Never shorter than it (refused). Below the
+    longest batch's duration, VACUUM may delete the files of a batch being written: under an hour
+    only for tables nothing writes to meanwhile (maintain warns)."""
+    zorder_by: tuple[str, ...] = ()
+    """Target columns compaction clusters rows by (``OPTIMIZE ... ZORDER BY``); empty: bin-packing only."""
+    checkpoint_interval: Annotated[int, Field(ge=1, le=1000)] = 10
+    """``delta.checkpointInterval`` of new tables (Delta's default)."""
+
+    @model_validator(mode="after")
+    def _retention_keeps_promise(self) -> MaintenanceConfig:
+        if self.vacuum_retain_hours is not None and self.vacuum_retain_hours < self.time_travel_hours:
+            raise ValueError(
+                f"vacuum_retain_hours {self.vacuum_retain_hours:g} is shorter than time_travel_hours "
+                f"{self.time_travel_hours:g}: VACUUM would delete files of versions the pipeline promises "
+                "to keep readable. Raise vacuum_retain_hours, or lower time_travel_hours if the promise "
+                "is too long")
+        return self
+
+    @property
+    def retain_hours(self) -> float:
+        return self.vacuum_retain_hours if self.vacuum_retain_hours is not None else self.time_travel_hours
+
+    def check_retention(self, hours: float) -> None:
+        """Refuse a VACUUM retention shorter than the promise (``--retain-hours`` on the command line)."""
+        if hours < self.time_travel_hours:
+            raise ConfigError(
+                f"a VACUUM retention of {hours:g} hours is shorter than this pipeline's promise "
+                f"(maintenance.time_travel_hours: {self.time_travel_hours:g}): it would delete files of "
+                "versions that time travel and backfills of stored batches still read. Nothing was "
+                f"vacuumed. Use --retain-hours {self.time_travel_hours:g} or more, or lower "
+                "maintenance.time_travel_hours in the config first")
+
+    def table_properties(self) -> dict[str, str]:
+        """Delta properties a new table is created with (``tidemark maintain --apply-properties``
+        sets them on existing tables). Why each: docs/operations.md, "Maintenance"."""
+        hours = f"interval {self.time_travel_hours:g} hours"
+        return {"delta.deletedFileRetentionDuration": hours, "delta.logRetentionDuration": hours,
+                "delta.checkpointInterval": str(self.checkpoint_interval)}
 
 
 EventIdSource = Annotated[str, Field(pattern=r"^(header:.+|key|field:[A-Za-z_][A-Za-z0-9_]*)$")]
@@ -182,6 +236,8 @@ class PipelineConfig(BaseModel):
     batch or the table goes to quarantine as a duplicate, so counts still reconcile with Kafka."""
     schedule: ScheduleConfig = ScheduleConfig()
     """Orchestration: schedules, retries, and waiting for a rival run (``tidemark serve``)."""
+    maintenance: MaintenanceConfig = MaintenanceConfig()
+    """Compaction, VACUUM and the time-travel promise (``tidemark maintain``)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> PipelineConfig:

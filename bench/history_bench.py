@@ -1,0 +1,279 @@
+"""Per-batch cost vs history: one small batch at 10 vs 10,000 versions, with and without maintenance.
+
+Three pipelines side by side in one Spark session, each with its own topic and tables:
+
+* ``fresh``: 10 versions of history;
+* ``unmaintained``: ``--versions`` (10,000) versions, one small file per version in the
+  target, the ledger and the quarantine, as a pipeline committing every few seconds
+  leaves them with no maintenance;
+* ``maintained``: the same history with maintenance as shipped: ``tidemark maintain``
+  (``pipelines.maintain``) every ``--maintain-every`` versions (720: hourly at one batch
+  per 5 s, the default schedule), the last run that many versions before the measurement
+  — the worst moment of the cycle, just before the next run.
+
+Each measurement is a running job's steady state: a fresh ``IngestJob`` (as after a
+restart) commits one warm-up batch, then ``--batches`` batches of ``--records`` records
+(one bad record each, so the quarantine is appended to as well) are timed one by one,
+checkpoints included (Delta writes one every 10 versions). The pipelines alternate
+within each of ``--reps`` rounds; the figure is the mean seconds per batch, medians over
+rounds. Ratios divide by ``fresh``.
+
+How the history is built quickly: committing 10,000 batches through Spark takes hours on
+2 cores. One real batch creates each table; its commit is then repeated as versions 2..N
+by writing the commit files directly — the same ``commitInfo`` (with the batch's
+``userMetadata``), ``txn`` (``txnVersion`` = the batch id) and ``add`` actions Delta wrote,
+each add pointing at a new file (a hard link of the real one; ledger rows are rewritten
+with their own ``batch_id`` and stats, so data skipping finds each batch's intent).
+delta-rs then writes a checkpoint of the last version, as Delta would have. Maintenance
+runs are real ``OPTIMIZE``/``VACUUM`` commits between stretches of synthetic versions.
+
+    .venv/bin/python -m bench.history_bench --json docs/bench/history.json --png docs/bench/history.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench.common import emit, emit_json, header, kafka_broker, loadavg, report_arguments
+
+PIPELINES = ("fresh", "unmaintained", "maintained")
+
+
+def _log_file(table: str, version: int) -> Path:
+    return Path(table) / "_delta_log" / f"{version:020d}.json"
+
+
+def _latest_version(table: str) -> int:
+    return max(int(p.name.split(".")[0]) for p in (Path(table) / "_delta_log").glob("*.json"))
+
+
+class Template:
+    """A table's first commit (one real batch's append), kept to be repeated as later versions."""
+
+    def __init__(self, table: str, app_id: str, keep: Path, *, ledger: bool) -> None:
+        import pyarrow.parquet as pq
+
+        actions = [json.loads(line) for line in _log_file(table, 0).read_text().splitlines() if line]
+        self.info = next(a["commitInfo"] for a in actions if "commitInfo" in a)
+        self.txn = next(a["txn"] for a in actions if "txn" in a and a["txn"]["appId"] == app_id)
+        self.adds = [a["add"] for a in actions if "add" in a]
+        self.meta = json.loads(self.info.get("userMetadata") or "{}")
+        self.ledger = ledger
+        keep.mkdir(parents=True, exist_ok=True)
+        self.files = {}
+        for add in self.adds:
+            self.files[add["path"]] = keep / Path(add["path"]).name
+            shutil.copyfile(Path(table) / add["path"], self.files[add["path"]])
+        self.rows = {a["path"]: pq.read_table(self.files[a["path"]], coerce_int96_timestamp_unit="us")
+                     for a in self.adds} if ledger else {}
+        self.int96 = ledger and any("INT96" in str(pq.ParquetFile(f).schema) for f in self.files.values())
+
+    def extend(self, table: str, first_batch: int, count: int) -> None:
+        """Versions after the table's newest, one per batch ``first_batch .. first_batch + count - 1``.
+
+        Each repeats the template's commit with its own ``txnVersion``, ``userMetadata`` batch
+        and new files; a ledger's files hold a row with that batch id (stats to match).
+        """
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        from deltalake import DeltaTable
+
+        head = _latest_version(table)
+        now_ms = int(time.time() * 1000)
+        for step in range(count):
+            batch = first_batch + step
+            stamp = now_ms + step
+            commit = dict(self.info, timestamp=stamp)
+            if "inCommitTimestamp" in commit:
+                commit["inCommitTimestamp"] = stamp
+            if self.meta:
+                commit["userMetadata"] = json.dumps(dict(self.meta, batch=batch, write=uuid.uuid4().hex),
+                                                    separators=(",", ":"), sort_keys=True)
+            lines = [{"commitInfo": commit}, {"txn": dict(self.txn, version=batch, lastUpdated=stamp)}]
+            for add in self.adds:
+                name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+                new = dict(add, path=name, modificationTime=stamp)
+                if self.ledger:
+                    data = self.rows[add["path"]]
+                    data = data.set_column(data.schema.get_field_index("batch_id"), "batch_id",
+                                           pa.array([batch] * data.num_rows, pa.int64()))
+                    pq.write_table(data, Path(table) / name, use_deprecated_int96_timestamps=self.int96)
+                    stats = json.loads(add["stats"])
+                    stats["minValues"]["batch_id"] = stats["maxValues"]["batch_id"] = batch
+                    new["stats"] = json.dumps(stats, separators=(",", ":"))
+                    new["size"] = os.path.getsize(Path(table) / name)
+                else:
+                    os.link(self.files[add["path"]], Path(table) / name)
+                lines.append({"add": new})
+            _log_file(table, head + 1 + step).write_text(
+                "\n".join(json.dumps(x, separators=(",", ":")) for x in lines) + "\n")
+        DeltaTable(table).create_checkpoint()
+
+
+class Setup:
+    """One pipeline of the benchmark: its topic, config and tables."""
+
+    def __init__(self, name: str, work: Path, bootstrap: str, records: int) -> None:
+        from tidemark.config import parse_config
+
+        self.name = name
+        self.topic = f"history-{name}-{uuid.uuid4().hex[:6]}"
+        self.config = parse_config({"kafka": {"bootstrap_servers": bootstrap}, "pipelines": [
+            {"name": name, "topics": [self.topic], "target": str(work / name), "schema": "id BIGINT, note STRING",
+             "max_records_per_batch": records, "transactions": {"atomic": False},
+             "schedule": {"ingest_every_seconds": None, "audit_every_seconds": None}}]})
+        self.pipeline = self.config.pipelines[0]
+        self.bootstrap = bootstrap
+
+    def produce(self, batches: int, records: int, first: int) -> None:
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True,
+                             "linger.ms": 20})
+        for b in range(batches):
+            for i in range(records):
+                n = first + b * records + i
+                value = b"\xff not json" if i == records - 1 else json.dumps({"id": n, "note": "x" * 200}).encode()
+                producer.produce(self.topic, value=value, headers={"id": str(n)})
+        producer.flush(60)
+
+    def job(self, spark: Any) -> Any:
+        from pipelines.ingest import IngestJob
+
+        return IngestJob(spark, self.config, self.pipeline, self.bootstrap)
+
+    def batch(self, job: Any, records: int) -> float:
+        started = time.perf_counter()
+        _, result = job.protocol.run_batch(job.snapshot(), job._new_partition_starts, records)
+        elapsed = time.perf_counter() - started
+        if result is None or result.rows + result.quarantined != records:
+            raise AssertionError(f"{self.name}: expected a batch of {records} records, got {result}")
+        return elapsed
+
+    def keep_templates(self, work: Path) -> None:
+        p = self.pipeline
+        self.tables = [p.target, p.quarantine_path, p.ledger_path]
+        self.templates = [Template(path, p.name, work / "templates" / self.name / str(i), ledger=path == p.ledger_path)
+                          for i, path in enumerate(self.tables)]
+        self.next_batch = 2
+
+    def grow(self, count: int) -> None:
+        """``count`` more batches of history in each table."""
+        for path, template in zip(self.tables, self.templates, strict=True):
+            template.extend(path, self.next_batch, count)
+        self.next_batch += count
+
+    def versions(self) -> int:
+        return _latest_version(self.pipeline.target) + 1
+
+    def shape(self) -> dict[str, dict[str, int]]:
+        from offsets.tables import table_shape
+
+        p = self.pipeline
+        out = {}
+        for role, path in (("target", p.target), ("quarantine", p.quarantine_path), ("ledger", p.ledger_path)):
+            shape = table_shape(path)
+            assert shape is not None
+            out[role] = {"version": shape.version, "files": shape.files, "bytes": shape.bytes}
+        return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--versions", type=int, default=10_000, help="history of the long pipelines")
+    parser.add_argument("--fresh", type=int, default=10, help="history of the short pipeline")
+    parser.add_argument("--maintain-every", type=int, default=720, help="versions between maintenance runs")
+    parser.add_argument("--records", type=int, default=1_000, help="records per measured batch")
+    parser.add_argument("--batches", type=int, default=10, help="measured batches per pipeline and round")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--bootstrap", help="use this Kafka cluster instead of a fresh embedded broker")
+    report_arguments(parser)
+    args = parser.parse_args(argv)
+
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from infra.spark import build_session
+    from pipelines.maintain import maintain
+    from tidemark.settings import load_settings
+
+    load_before = loadavg()
+    work = Path(tempfile.mkdtemp(prefix="tidemark-history-bench-"))
+    per_batch: dict[str, list[float]] = {n: [] for n in PIPELINES}
+    runs: dict[str, list[list[float]]] = {n: [] for n in PIPELINES}
+    shapes: dict[str, Any] = {}
+    maintain_runs = 0
+    try:
+        with kafka_broker(args.bootstrap) as (bootstrap, broker_version):
+            spark = build_session(load_settings(), "tidemark-history-bench", warehouse=work / "warehouse")
+            try:
+                setups = {n: Setup(n, work, bootstrap, args.records) for n in PIPELINES}
+                admin = AdminClient({"bootstrap.servers": bootstrap})
+                for s in setups.values():
+                    admin.create_topics([NewTopic(s.topic, 1, 1)])[s.topic].result(30)
+                    s.produce(1 + args.reps * (args.batches + 1), args.records, 0)
+                for name, s in setups.items():
+                    t0 = time.perf_counter()
+                    s.batch(s.job(spark), args.records)  # creates the three tables (version 0)
+                    s.keep_templates(work)
+                    target = args.fresh if name == "fresh" else args.versions
+                    if name == "maintained":
+                        # Maintenance every --maintain-every versions; the last run that long before the end.
+                        while target - s.versions() > args.maintain_every:
+                            s.grow(min(args.maintain_every, target - s.versions() - args.maintain_every))
+                            maintain(spark, s.pipeline)
+                            maintain_runs += 1
+                    s.grow(max(1, target - s.versions()))
+                    shapes[name] = s.shape()
+                    print(f"{name}: history made in {time.perf_counter() - t0:.0f}s: {shapes[name]}", flush=True)
+                for rep in range(args.reps):
+                    order = PIPELINES if rep % 2 == 0 else tuple(reversed(PIPELINES))
+                    for name in order:
+                        s = setups[name]
+                        job = s.job(spark)
+                        s.batch(job, args.records)  # warm-up: recover after the "restart"
+                        times = [s.batch(job, args.records) for _ in range(args.batches)]
+                        runs[name].append(times)
+                        per_batch[name].append(statistics.mean(times))
+                        print(f"rep {rep + 1} {name}: mean {statistics.mean(times):.3f}s per batch "
+                              f"(median {statistics.median(times):.3f}, max {max(times):.3f})", flush=True)
+            finally:
+                spark.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    med = {n: statistics.median(v) for n, v in per_batch.items()}
+    ratios = {n: med[n] / med["fresh"] for n in PIPELINES}
+    files = {n: shapes[n]["target"]["files"] for n in PIPELINES}
+    lines = ["", *header("Per-batch cost vs history", load_before),
+             (f"Kafka {broker_version}, one broker, one partition; batches of {args.records:,} records (~230 B, "
+              f"one bad); {args.batches} timed batches per pipeline and round after one warm-up, {args.reps} "
+              f"rounds; maintenance every {args.maintain_every} versions ({maintain_runs} runs), the last "
+              f"{args.maintain_every} versions before the measurement."), "",
+             ("| pipeline | versions of history | target files | mean s per batch (median of rounds) | "
+             "rounds (s) | ratio to fresh |"), "|---|---:|---:|---:|---|---:|"]
+    for n in PIPELINES:
+        lines.append(f"| {n} | {shapes[n]['target']['version']:,} | {files[n]:,} | {med[n]:.3f} | "
+                     f"{', '.join(f'{t:.3f}' for t in per_batch[n])} | {ratios[n]:.2f}× |")
+    lines += ["", (f"**{args.versions:,} versions with maintenance as shipped: {ratios['maintained']:.2f}× the "
+                   f"cost of a batch at {args.fresh} versions; without maintenance {ratios['unmaintained']:.2f}×.**")]
+    emit(lines, args.output)
+    emit_json({"benchmark": "history_bench", "versions": args.versions, "fresh_versions": args.fresh,
+               "maintain_every": args.maintain_every, "records": args.records, "batches": args.batches,
+               "reps": args.reps, "seconds_per_batch": med, "rounds": per_batch, "runs": runs, "shapes": shapes,
+               "ratio_maintained": ratios["maintained"], "ratio_unmaintained": ratios["unmaintained"]},
+              args.json, png=args.png)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
