@@ -24,7 +24,6 @@ from tidemark.config import parse_config
 from tidemark.context import PipelineContext
 from tidemark.errors import ConfigError
 
-
 BAD = b"\xff not json"
 
 
