@@ -162,6 +162,33 @@ def backfill_flow(pipeline: str, into: str, config: str = "tidemark.yaml", batch
     return dict(result)
 
 
+# -- maintenance --------------------------------------------------------------------
+
+
+@task(name="compact-and-vacuum")
+def _maintain(config: str, pipeline: str) -> dict[str, Any]:
+    from pipelines.maintain import maintain
+
+    ctx = pipeline_context(config, pipeline)
+    return maintain(spark_session(), ctx.pipeline).to_dict()
+
+
+@flow(name="tidemark-maintain", flow_run_name="maintain-{pipeline}")
+def maintain_flow(pipeline: str, config: str = "tidemark.yaml") -> dict[str, Any]:
+    """Compact and vacuum ``pipeline``'s tables (pipelines.maintain), beside its ingest."""
+    ctx = pipeline_context(config, pipeline)
+    # Its own slot: compaction never conflicts with ingest's appends, only with another compaction.
+    with pipeline_slot(f"{pipeline}-maintain", wait_seconds=ctx.pipeline.schedule.wait_for_slot_seconds):
+        result = _with_retries(_maintain, ctx)(config, pipeline)
+    create_table_artifact(
+        key=_artifact_key("maintain", pipeline),
+        table=[{"table": t["role"], "files before": t["files_before"], "files after": t["files_after"],
+                "vacuumed": t["vacuumed"], "version": t["version"], "seconds": t["seconds"]}
+               for t in result["tables"] if t["skipped"] is None],
+        description=f"maintenance of {pipeline} (retention {result['retain_hours']:g} h)")
+    return dict(result)
+
+
 # -- audit --------------------------------------------------------------------------
 
 

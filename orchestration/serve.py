@@ -1,7 +1,8 @@
 """``tidemark serve``: the pipelines' Prefect deployments, served from this process.
 
 Per pipeline: ``ingest-<name>`` on its ``schedule.ingest_every_seconds`` interval,
-``audit-<name>`` on ``schedule.audit_every_seconds``, and ``backfill-<name>`` with no
+``audit-<name>`` on ``schedule.audit_every_seconds``, ``maintain-<name>`` on
+``schedule.maintain_every_seconds`` (its own slot: it runs beside ingest), and ``backfill-<name>`` with no
 schedule (run it with parameters from the UI or ``prefect deployment run``). Each has
 deployment concurrency 1 with collisions cancelled: a tick that finds the previous run
 still going is dropped, not queued, so a slow run never builds a backlog. With
@@ -23,7 +24,7 @@ from typing import Any
 
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 
-from orchestration.flows import audit_flow, backfill_flow, ingest_flow, relay_flow
+from orchestration.flows import audit_flow, backfill_flow, ingest_flow, maintain_flow, relay_flow
 from orchestration.slots import ensure_limit, limit_name
 from tidemark.config import TidemarkConfig
 
@@ -45,6 +46,10 @@ def deployments(config: TidemarkConfig, config_path: Path, *, relay: bool = Fals
             name=f"audit-{p.name}", parameters={"pipeline": p.name, "config": path},
             interval=sched.audit_every_seconds, concurrency_limit=ONE_AT_A_TIME, tags=["tidemark", p.name],
             description=f"quality checks of {p.target}"))
+        out.append(maintain_flow.to_deployment(
+            name=f"maintain-{p.name}", parameters={"pipeline": p.name, "config": path},
+            interval=sched.maintain_every_seconds, concurrency_limit=ONE_AT_A_TIME, tags=["tidemark", p.name],
+            description=f"compact and vacuum {p.name}'s tables (retention {p.maintenance.retain_hours:g} h)"))
         out.append(backfill_flow.to_deployment(
             name=f"backfill-{p.name}", parameters={"pipeline": p.name, "config": path},
             concurrency_limit=ONE_AT_A_TIME, tags=["tidemark", p.name],

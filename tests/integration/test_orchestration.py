@@ -135,7 +135,8 @@ def test_a_served_schedule_runs_a_real_ingest(
     _produce(kafka_bootstrap, topic)
     target = tmp_path / "served"
     config = write_config(tmp_path / "tidemark.yaml", kafka_bootstrap, target, topics=[topic], name="served",
-                          schedule={"ingest_every_seconds": 5, "audit_every_seconds": None})
+                          schedule={"ingest_every_seconds": 5, "audit_every_seconds": None,
+                                    "maintain_every_seconds": 3600})
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
         serve = subprocess.Popen([sys.executable, "-m", "tidemark.cli", "serve", "--config", str(config)],
@@ -143,6 +144,8 @@ def test_a_served_schedule_runs_a_real_ingest(
                                  stderr=subprocess.STDOUT)
     try:
         _wait_for_line(log, "served: 1 batch(es), 120 rows", serve, timeout=400)
+        # The hourly maintenance deployment runs once at start, beside ingest, in its own slot.
+        _wait_for_line(log, "maintained served: target:", serve, timeout=400)
     finally:
         serve.send_signal(signal.SIGTERM)
         serve.wait(120)
