@@ -119,6 +119,7 @@ def test_a_transient_failure_is_retried_and_a_terminal_one_is_not(
 
 def test_a_served_schedule_runs_a_real_ingest(
         prefect_api: str, spark, kafka_bootstrap: str, topic_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from delta.tables import DeltaTable
     from prefect import get_client
     from prefect.client.schemas.filters import (
         DeploymentFilter,
@@ -144,12 +145,18 @@ def test_a_served_schedule_runs_a_real_ingest(
                                  stderr=subprocess.STDOUT)
     try:
         _wait_for_line(log, "served: 1 batch(es), 120 rows", serve, timeout=400)
-        # The hourly maintenance deployment runs once at start, beside ingest, in its own slot.
-        _wait_for_line(log, "maintained served: target:", serve, timeout=400)
+        # The maintenance deployment (hourly) runs beside the 5-second ingest schedule, in its own slot.
+        from prefect.deployments import run_deployment
+
+        with temporary_settings(updates={PREFECT_API_URL: prefect_api}):
+            maintained = run_deployment("tidemark-maintain/maintain-served", timeout=400)
+        assert maintained.state is not None and maintained.state.is_completed(), maintained.state
     finally:
         serve.send_signal(signal.SIGTERM)
         serve.wait(120)
     assert_exactly_once(spark, str(target), kafka_bootstrap, [topic])
+    operations = [r.operation for r in DeltaTable.forPath(spark, str(target)).history().collect()]
+    assert "OPTIMIZE" in operations, operations
     # Ask for the completed runs themselves: a 5-second schedule keeps ~100 future runs
     # scheduled, and a page of all runs may hold none of the completed ones.
     with temporary_settings(updates={PREFECT_API_URL: prefect_api}), get_client(sync_client=True) as client:
