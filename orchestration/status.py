@@ -10,14 +10,13 @@ instead of failing the whole screen.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 
 from offsets.lag import PartitionLag, partition_lags
 from offsets.ledger import read_last
-from offsets.tables import TableShape, maintenance_marker, read_text, table_shape
+from offsets.tables import TableShape, table_shape
 from quality.audit import last_verdict
 from tidemark.config import TidemarkConfig
 from tidemark.context import PipelineContext, resolve_bootstrap
@@ -69,19 +68,17 @@ def pipeline_status(ctx: PipelineContext, quality_dir: Path) -> PipelineStatus:
 
 def _table_shapes(status: PipelineStatus, ctx: PipelineContext) -> None:
     """Each table's shape and the last maintenance run; a table that cannot be read is left out."""
-    from pipelines.maintain import tables_of
+    from pipelines.maintain import last_run, tables_of
 
     p = ctx.pipeline
     vacuumed: tuple[datetime, float] | None = None
     try:
-        text = read_text(maintenance_marker(p.ledger_path, p.name))
+        run = last_run(p)
     except OSError:
-        text = None
-    if text:
-        run = json.loads(text)
-        finished = datetime.fromisoformat(run["finished_at"])
-        vacuumed = (finished, float(run["retain_hours"]))
-        status.maintained = f"{run['finished_at']} (retention {float(run['retain_hours']):g} h)"
+        run = None
+    if run:
+        vacuumed = (datetime.fromisoformat(str(run["finished_at"])), float(run["retain_hours"]))  # type: ignore[arg-type]
+        status.maintained = f"{run['finished_at']} (retention {vacuumed[1]:g} h)"
     for role, path in tables_of(p):
         try:
             shape = table_shape(path, vacuumed)

@@ -24,7 +24,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from connectors.admin import TP, KafkaAdmin, PartitionBounds, RetentionLossError, check_retention
-from offsets.ledger import Ledger
+from offsets.ledger import Intent, Ledger
 from offsets.protocol import BatchResult
 from pipelines.ingest import IngestJob, IngestReport
 from tidemark.config import PipelineConfig, TidemarkConfig, TimestampStart
@@ -102,6 +102,7 @@ class Backfill:
         if missing:
             log.warning("batches not in the ledger, skipped: %s", missing)
         # A stored batch's dedup decisions name a version of the pipeline's own table.
+        self._check_dedup_versions(intents)
         job = self._job(dedup_table=self.source.target)
         report = IngestReport()
         with KafkaAdmin(job.client_config) as admin:
@@ -118,6 +119,21 @@ class Backfill:
                 if self.on_batch is not None and done:
                     self.on_batch(done[-1], time.monotonic() - started)
         return report
+
+    def _check_dedup_versions(self, intents: list[Intent]) -> None:
+        """Refuse stored batches whose dedup looked up a table version VACUUM has deleted (not reproducible)."""
+        from pipelines.maintain import readable_from
+
+        if self.source.dedup is None:
+            return
+        oldest = readable_from(self.source, self.source.target) or 0
+        gone = [i.batch_id for i in intents if i.dedup_version is not None and 0 <= i.dedup_version < oldest]
+        if gone:
+            raise ConfigError(
+                f"batches {gone[0]}-{gone[-1]} of pipeline {self.source.name!r} looked up duplicates in versions of "
+                f"{self.source.target} older than {oldest}, the oldest VACUUM kept (maintenance.time_travel_hours "
+                f"{self.source.maintenance.time_travel_hours:g}), so they cannot be reproduced bit for bit. Nothing was "
+                f"written. Backfill later batches, or re-read these with --from-offsets (dedup against the new table)")
 
     def from_offsets(self, offsets: Mapping[TP, int]) -> IngestReport:
         job = self._job(start_offsets=offsets)

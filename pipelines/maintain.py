@@ -37,11 +37,12 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from offsets.tables import delta_table_exists, maintenance_marker, write_small_file
+from offsets.tables import delta_table_exists, maintenance_marker, read_text, table_shape, write_small_file
 from tidemark.config import PipelineConfig
 from tidemark.errors import ConfigError, TransientError
 
@@ -111,6 +112,22 @@ def maintain(spark: SparkSession, pipeline: PipelineConfig, *, retain_hours: flo
                      (json.dumps(report.to_dict(), sort_keys=True) + "\n").encode())
     log.info("maintained %s: %s", pipeline.name, report.summary())
     return report
+
+
+def last_run(pipeline: PipelineConfig) -> dict[str, object] | None:
+    """The last recorded maintenance run of ``pipeline`` (step 4), read with no JVM; None if never."""
+    text = read_text(maintenance_marker(pipeline.ledger_path, pipeline.name))
+    return json.loads(text) if text else None
+
+
+def readable_from(pipeline: PipelineConfig, path: str, run: Mapping[str, object] | None = None) -> int | None:
+    """The oldest version of the table at ``path`` still readable after the last VACUUM (None: no table)."""
+    run = last_run(pipeline) if run is None else run
+    vacuumed = None
+    if run:
+        vacuumed = (datetime.fromisoformat(str(run["finished_at"])), float(run["retain_hours"]))  # type: ignore[arg-type]
+    shape = table_shape(path, vacuumed)
+    return None if shape is None else shape.oldest_readable_version
 
 
 def _maintain_table(spark: SparkSession, pipeline: PipelineConfig, role: str, path: str, hours: float,

@@ -141,3 +141,27 @@ def test_a_retention_shorter_than_the_promise_is_refused(tmp_path: Path) -> None
     assert "retention of 12 hours is shorter than this pipeline's promise" in done.stderr
     assert "--retain-hours 168" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "orders").exists()  # refused before Spark started: nothing touched
+
+
+def test_backfill_refuses_a_dedup_batch_whose_table_version_was_vacuumed(  # type: ignore[no-untyped-def]
+        spark, kafka_bootstrap: str, topic_factory, tmp_path: Path) -> None:
+    topic = topic_factory("maintain-dedup", partitions=1)
+    producer = transactional_producer(kafka_bootstrap)
+    for t in range(3):
+        write_transaction(producer, topic, [json.dumps({"id": i, "note": "d"}).encode() for i in range(t * 10, t * 10 + 10)],
+                          commit=True)
+    config, pipeline = _config(tmp_path, kafka_bootstrap, topic, dedup={}, event_id="field:id",
+                               maintenance={"time_travel_hours": 0})
+    IngestJob(spark, config, pipeline, kafka_bootstrap).run_bounded()
+    batches = Ledger(spark, pipeline.ledger_path, pipeline.name).history()
+    assert [b.dedup_version for b in batches][:2] == [-1, 0]
+    maintain(spark, pipeline)  # compaction, then VACUUM with a zero-hour promise: version 0's files go
+
+    with pytest.raises(ConfigError, match="cannot be reproduced bit for bit"):
+        Backfill(spark, config, pipeline, kafka_bootstrap, str(tmp_path / "again")).stored_batches(1, 2)
+    assert not (tmp_path / "again").exists()
+    # Batch 1 looked nothing up (no table yet): it still backfills, exactly.
+    Backfill(spark, config, pipeline, kafka_bootstrap, str(tmp_path / "first")).stored_batches(1, 1)
+    expected = spark.read.format("delta").load(pipeline.target).where("_tidemark_batch_id = 1")
+    assert _rows(spark, str(tmp_path / "first")) == sorted(
+        tuple(r) for r in expected.select(*sorted(expected.columns)).collect())
