@@ -188,6 +188,48 @@ class Setup:
         return out
 
 
+def simulated_day(args: argparse.Namespace) -> int:
+    """``--day``: a day of 5-second batches (17,280 versions), then one ``maintain``: files per table."""
+    from infra.spark import build_session
+    from pipelines.maintain import maintain
+    from tidemark.settings import load_settings
+
+    versions = 24 * 3600 // 5
+    work = Path(tempfile.mkdtemp(prefix="tidemark-history-day-"))
+    try:
+        with kafka_broker(args.bootstrap) as (bootstrap, _):
+            from confluent_kafka.admin import AdminClient, NewTopic
+
+            spark = build_session(load_settings(), "tidemark-history-day", warehouse=work / "warehouse")
+            try:
+                s = Setup("day", work, bootstrap, args.records)
+                AdminClient({"bootstrap.servers": bootstrap}).create_topics([NewTopic(s.topic, 1, 1)])[s.topic].result(30)
+                s.produce(1, args.records, 0)
+                s.batch(s.job(spark), args.records)
+                s.keep_templates(work)
+                s.grow(versions - 1)
+                before = s.shape()
+                started = time.perf_counter()
+                maintain(spark, s.pipeline)
+                seconds = time.perf_counter() - started
+                after = s.shape()
+            finally:
+                spark.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    lines = ["", (f"A simulated day: {versions:,} versions of {args.records:,}-record batches, then one `maintain` "
+             f"({seconds:.0f} s):"), "", "| table | files before | bytes | files after | mean file after |",
+             "|---|---:|---:|---:|---:|"]
+    for role in before:
+        files = after[role]["files"]
+        lines.append(f"| {role} | {before[role]['files']:,} | {before[role]['bytes']:,} | {files:,} | "
+                     f"{after[role]['bytes'] / max(files, 1) / 2**20:.1f} MiB |")
+    emit(lines, args.output)
+    emit_json({"benchmark": "history_day", "versions": versions, "before": before, "after": after,
+               "maintain_seconds": seconds}, args.json)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--versions", type=int, default=10_000, help="history of the long pipelines")
@@ -197,8 +239,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=10, help="measured batches per pipeline and round")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--bootstrap", help="use this Kafka cluster instead of a fresh embedded broker")
+    parser.add_argument("--day", action="store_true",
+                        help="instead: a simulated day of 5-second batches, then one maintain; files per table")
     report_arguments(parser)
     args = parser.parse_args(argv)
+    if args.day:
+        return simulated_day(args)
 
     from confluent_kafka.admin import AdminClient, NewTopic
 
