@@ -203,7 +203,8 @@ def simulated_day(args: argparse.Namespace) -> int:
             spark = build_session(load_settings(), "tidemark-history-day", warehouse=work / "warehouse")
             try:
                 s = Setup("day", work, bootstrap, args.records)
-                AdminClient({"bootstrap.servers": bootstrap}).create_topics([NewTopic(s.topic, 1, 1)])[s.topic].result(30)
+                admin = AdminClient({"bootstrap.servers": bootstrap})  # kept alive until the topic exists
+                admin.create_topics([NewTopic(s.topic, 1, 1)])[s.topic].result(30)
                 s.produce(1, args.records, 0)
                 s.batch(s.job(spark), args.records)
                 s.keep_templates(work)
