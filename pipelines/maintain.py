@@ -54,6 +54,9 @@ log = logging.getLogger(__name__)
 #: Below this retention VACUUM may delete the files of a batch still being written.
 SAFE_RETAIN_HOURS = 1.0
 
+#: How many of a table's newest commits are searched for the VACUUM's own (ingest commits meanwhile).
+HISTORY_WINDOW = 50
+
 
 @dataclass
 class TableMaintenance:
@@ -157,7 +160,6 @@ def _maintain_table(spark: SparkSession, pipeline: PipelineConfig, role: str, pa
     done.compacted_away = int(metrics[0]["metrics"]["numFilesRemoved"]) if metrics else 0
 
     # Step 2. Vacuum.
-    before = _data_files_on_disk(spark, path)
     try:
         table.vacuum(hours)
     except AnalysisException as error:  # pragma: no cover - Delta's own retention check (an older table)
@@ -168,9 +170,11 @@ def _maintain_table(spark: SparkSession, pipeline: PipelineConfig, role: str, pa
             "delta.deletedFileRetentionDuration is longer (it was created before maintenance settings). Run "
             f"`tidemark maintain {pipeline.name} --apply-properties` once, or raise "
             "maintenance.time_travel_hours") from None
-    done.vacuumed = max(0, before - _data_files_on_disk(spark, path))
+    recent = table.history(HISTORY_WINDOW).select("version", "operation", "operationMetrics").collect()
+    ends = [r for r in recent if r.operation == "VACUUM END"]  # ingest's commits may have followed it
+    done.vacuumed = int((ends[0].operationMetrics or {}).get("numDeletedFiles", 0)) if ends else 0
     done.files_after = _file_count(spark, path)
-    done.version = int(table.history(1).select("version").first()[0])  # type: ignore[index]
+    done.version = int(recent[0].version)
     done.seconds = round(time.monotonic() - started, 3)
     return done
 
@@ -184,23 +188,6 @@ def _conflicts() -> tuple[type[BaseException], ...]:
 
 def _file_count(spark: SparkSession, path: str) -> int:
     return int(spark.sql(f"DESCRIBE DETAIL delta.`{path}`").select("numFiles").first()[0])  # type: ignore[index]
-
-
-def _data_files_on_disk(spark: SparkSession, path: str) -> int:
-    """Parquet files under the table's directory, tracked or not (what VACUUM may delete)."""
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    root = jvm.org.apache.hadoop.fs.Path(path)
-    fs = root.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[union-attr]
-    if not fs.exists(root):
-        return 0
-    files = fs.listFiles(root, True)
-    count = 0
-    while files.hasNext():
-        name = files.next().getPath().toString()
-        if name.endswith(".parquet") and "/_delta_log/" not in name:
-            count += 1
-    return count
 
 
 def _now() -> str:
