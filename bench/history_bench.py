@@ -227,7 +227,7 @@ def simulated_day(args: argparse.Namespace) -> int:
                      f"{after[role]['bytes'] / max(files, 1) / 2**20:.1f} MiB |")
     emit(lines, args.output)
     emit_json({"benchmark": "history_day", "versions": versions, "before": before, "after": after,
-               "maintain_seconds": seconds}, args.json)
+               "maintain_seconds": seconds}, args.json, png=args.png)
     return 0
 
 

@@ -91,9 +91,26 @@ def status(data: dict[str, Any]) -> Figure:
                     list(seconds), {"median": list(seconds.values())}, "seconds")
 
 
+def history(data: dict[str, Any]) -> Figure:
+    seconds = data["seconds_per_batch"]
+    names = list(seconds)
+    versions = [f"{n}\n({data['shapes'][n]['target']['version'] + 1:,} versions, "
+                f"{data['shapes'][n]['target']['files']:,} files)" for n in names]
+    return _grouped(f"One {data['records']:,}-record batch vs history (maintained: "
+                    f"{data['ratio_maintained']:.2f}×, unmaintained: {data['ratio_unmaintained']:.2f}×)",
+                    versions, {"mean s per batch": [seconds[n] for n in names]}, "seconds")
+
+
+def history_day(data: dict[str, Any]) -> Figure:
+    roles = list(data["before"])
+    return _grouped(f"A simulated day ({data['versions']:,} versions), then one maintain: files per table",
+                    roles, {"before": [data["before"][r]["files"] for r in roles],
+                            "after": [data["after"][r]["files"] for r in roles]}, "files")
+
+
 CHARTS: dict[str, Callable[[dict[str, Any]], Figure]] = {
     "relay_bench": relay, "g3_bench": g3, "freshness_bench": freshness, "position_bench": position,
-    "status_bench": status,
+    "status_bench": status, "history_bench": history, "history_day": history_day,
 }
 
 

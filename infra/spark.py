@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from infra import jars as jar_cache
 from infra import udfs
+from tidemark.logs import jvm_stdout_to_log
 from tidemark.settings import Settings
 
 LOG4J2 = Path(__file__).parent / "spark-log4j2.properties"
@@ -76,7 +77,8 @@ def build_session(settings: Settings, app_name: str = "tidemark", *, warehouse: 
     builder = SparkSession.builder.appName(app_name)
     for key, value in spark_conf(settings, warehouse=warehouse).items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    with jvm_stdout_to_log():  # the driver JVM starts here and keeps this stdout
+        session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     udfs.register(session)
     return session

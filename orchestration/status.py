@@ -11,7 +11,6 @@ instead of failing the whole screen.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
 from pathlib import Path
 
 from offsets.lag import PartitionLag, partition_lags
@@ -68,20 +67,18 @@ def pipeline_status(ctx: PipelineContext, quality_dir: Path) -> PipelineStatus:
 
 def _table_shapes(status: PipelineStatus, ctx: PipelineContext) -> None:
     """Each table's shape and the last maintenance run; a table that cannot be read is left out."""
-    from pipelines.maintain import last_run, tables_of
+    from pipelines.maintain import last_run, tables_of, vacuumed
 
     p = ctx.pipeline
-    vacuumed: tuple[datetime, float] | None = None
     try:
         run = last_run(p)
     except OSError:
         run = None
     if run:
-        vacuumed = (datetime.fromisoformat(str(run["finished_at"])), float(run["retain_hours"]))  # type: ignore[arg-type]
-        status.maintained = f"{run['finished_at']} (retention {vacuumed[1]:g} h)"
+        status.maintained = f"{run['finished_at']} (retention {float(run['retain_hours']):g} h)"  # type: ignore[arg-type]
     for role, path in tables_of(p):
         try:
-            shape = table_shape(path, vacuumed)
+            shape = table_shape(path, vacuumed(run, role))
         except Exception as exc:  # noqa: BLE001 - an unreadable table must not hide the rest of the screen
             status.problem = status.problem or f"{role} table {path} unreadable: {exc}".splitlines()[0]
             continue

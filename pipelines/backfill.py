@@ -126,7 +126,7 @@ class Backfill:
 
         if self.source.dedup is None:
             return
-        oldest = readable_from(self.source, self.source.target) or 0
+        oldest = readable_from(self.source, "target", self.source.target) or 0
         gone = [i.batch_id for i in intents if i.dedup_version is not None and 0 <= i.dedup_version < oldest]
         if gone:
             raise ConfigError(

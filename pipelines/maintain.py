@@ -15,8 +15,10 @@ cost vs history"). Per table, in this order:
    deletes, which ingest never makes. Compaction may lose a race against another
    compaction (two ``maintain`` runs): it then fails with a transient error, and nothing
    changed.
-2. **Vacuum.** ``VACUUM`` with ``maintenance.retain_hours``, refused if shorter than the
-   pipeline's time-travel promise. It deletes files no version inside that window reads:
+2. **Vacuum.** ``VACUUM`` with the table's retention, ``delta.deletedFileRetentionDuration``
+   (Delta 4 ignores VACUUM's own argument), refused before step 1 if it or the log's
+   retention is shorter than the pipeline's time-travel promise. It deletes files no
+   version inside that window reads:
    those compaction replaced, and orphans of writes that never committed (a guarded write
    that tripped, a killed batch). Files a running batch is writing are new, so a retention
    longer than any batch keeps them.
@@ -36,11 +38,12 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from offsets.tables import delta_table_exists, maintenance_marker, read_text, table_shape, write_small_file
 from tidemark.config import PipelineConfig
@@ -69,6 +72,8 @@ class TableMaintenance:
     """Files compaction replaced (each now a ``remove`` with ``dataChange=false``)."""
     vacuumed: int = 0
     """Files VACUUM deleted."""
+    retain_hours: float | None = None
+    """The table's VACUUM retention (``delta.deletedFileRetentionDuration``), which VACUUM used."""
     version: int = -1
     """The table's version after the run."""
     seconds: float = 0.0
@@ -98,23 +103,70 @@ def tables_of(pipeline: PipelineConfig) -> list[tuple[str, str]]:
     return [("target", pipeline.target), ("quarantine", pipeline.quarantine_path), ("ledger", pipeline.ledger_path)]
 
 
-def maintain(spark: SparkSession, pipeline: PipelineConfig, *, retain_hours: float | None = None,
-             apply_properties: bool = False) -> MaintenanceReport:
+def maintain(spark: SparkSession, pipeline: PipelineConfig, *, apply_properties: bool = False) -> MaintenanceReport:
     """Steps 1-4 of the module doc for each of ``pipeline``'s tables that exists."""
-    settings = pipeline.maintenance
-    hours = settings.retain_hours if retain_hours is None else retain_hours
-    settings.check_retention(hours)
+    hours = pipeline.maintenance.retain_hours
     if hours < SAFE_RETAIN_HOURS:
         log.warning("VACUUM retention %.2g hours: files of a batch being written right now could be deleted; "
                     "use this only while nothing writes to %s's tables", hours, pipeline.name)
     report = MaintenanceReport(pipeline.name, _now(), hours, properties_applied=apply_properties)
+    existing = [(role, path) for role, path in tables_of(pipeline) if delta_table_exists(spark, path)]
+    if apply_properties:
+        props = ", ".join(f"'{k}' = '{v}'" for k, v in pipeline.maintenance.table_properties().items())
+        for _, path in existing:
+            spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({props})")
+    # Every table's retention is checked before any is touched: a refusal changes nothing.
+    retention = {path: check_retention(pipeline, path, _properties(spark, path)) for _, path in existing}
     for role, path in tables_of(pipeline):
-        report.tables.append(_maintain_table(spark, pipeline, role, path, hours, apply_properties))
+        if path in retention:
+            report.tables.append(_maintain_table(spark, pipeline, role, path, retention[path]))
+        else:
+            report.tables.append(TableMaintenance(role, path, skipped="no table yet"))
     report.finished_at = _now()
     write_small_file(spark, maintenance_marker(pipeline.ledger_path, pipeline.name),
                      (json.dumps(report.to_dict(), sort_keys=True) + "\n").encode())
     log.info("maintained %s: %s", pipeline.name, report.summary())
     return report
+
+
+#: Delta's defaults of the retention properties, in hours.
+_DELTA_DEFAULT_HOURS = {"delta.deletedFileRetentionDuration": 7 * 24.0, "delta.logRetentionDuration": 30 * 24.0}
+_INTERVAL_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(microsecond|millisecond|second|minute|hour|day|week)s?", re.IGNORECASE)
+_HOURS_PER = {"microsecond": 1 / 3.6e9, "millisecond": 1 / 3.6e6, "second": 1 / 3600, "minute": 1 / 60, "hour": 1.0,
+              "day": 24.0, "week": 168.0}
+
+
+def interval_hours(text: str) -> float | None:
+    """A Delta interval property (``interval 7 days``, ``interval 1 week 2 hours``) in hours; None if unreadable."""
+    parts = _INTERVAL_PART.findall(text)
+    return sum(float(n) * _HOURS_PER[unit.lower()] for n, unit in parts) if parts else None
+
+
+def check_retention(pipeline: PipelineConfig, path: str, properties: Mapping[str, str]) -> float:
+    """The table's VACUUM retention in hours, refused if it or its log retention is shorter than the promise.
+
+    Delta 4 takes VACUUM's retention from ``delta.deletedFileRetentionDuration`` (its
+    argument is ignored), and time travel needs the log too (``delta.logRetentionDuration``).
+    """
+    promise = pipeline.maintenance.time_travel_hours
+    found: dict[str, float | None] = {}
+    for key, default in _DELTA_DEFAULT_HOURS.items():
+        found[key] = interval_hours(properties[key]) if key in properties else default
+    short = {k: v for k, v in found.items() if v is None or v < promise}
+    if short:
+        said = ", ".join(f"{k} = {properties.get(k, 'the Delta default')!r}" for k in short)
+        raise ConfigError(
+            f"{path}: {said} is shorter than this pipeline's promise (maintenance.time_travel_hours: {promise:g}): "
+            "VACUUM or log cleanup would delete versions time travel and backfills of stored batches still "
+            f"read. Nothing was compacted or vacuumed. Run `tidemark maintain {pipeline.name} --apply-properties` "
+            "to set the table's retention from the config, or lower maintenance.time_travel_hours")
+    retention = found["delta.deletedFileRetentionDuration"]
+    assert retention is not None
+    if abs(retention - pipeline.maintenance.retain_hours) > 1e-9:
+        log.warning("%s keeps deleted files %g hours, the config says %g (maintenance.vacuum_retain_hours): VACUUM "
+                    "follows the table; `tidemark maintain %s --apply-properties` sets it from the config",
+                    path, retention, pipeline.maintenance.retain_hours, pipeline.name)
+    return retention
 
 
 def last_run(pipeline: PipelineConfig) -> dict[str, object] | None:
@@ -123,31 +175,32 @@ def last_run(pipeline: PipelineConfig) -> dict[str, object] | None:
     return json.loads(text) if text else None
 
 
-def readable_from(pipeline: PipelineConfig, path: str, run: Mapping[str, object] | None = None) -> int | None:
-    """The oldest version of the table at ``path`` still readable after the last VACUUM (None: no table)."""
-    run = last_run(pipeline) if run is None else run
-    vacuumed = None
-    if run:
-        vacuumed = (datetime.fromisoformat(str(run["finished_at"])), float(run["retain_hours"]))  # type: ignore[arg-type]
-    shape = table_shape(path, vacuumed)
+def vacuumed(run: Mapping[str, Any] | None, role: str) -> tuple[datetime, float] | None:
+    """When the last run vacuumed table ``role``, and with what retention (hours); None if it did not."""
+    for table in (run or {}).get("tables") or ():
+        if table.get("role") == role and table.get("skipped") is None and table.get("retain_hours") is not None:
+            return datetime.fromisoformat(str(run["finished_at"])), float(table["retain_hours"])  # type: ignore[index]
+    return None
+
+
+def readable_from(pipeline: PipelineConfig, role: str, path: str) -> int | None:
+    """The oldest version of ``pipeline``'s table ``role`` still readable after the last VACUUM (None: no table)."""
+    shape = table_shape(path, vacuumed(last_run(pipeline), role))
     return None if shape is None else shape.oldest_readable_version
 
 
-def _maintain_table(spark: SparkSession, pipeline: PipelineConfig, role: str, path: str, hours: float,
-                    apply_properties: bool) -> TableMaintenance:
-    from delta.tables import DeltaTable
-    from pyspark.errors import AnalysisException
+def _properties(spark: SparkSession, path: str) -> dict[str, str]:
+    detail = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").select("properties").first()
+    return dict(detail["properties"] or {}) if detail is not None else {}
 
-    done = TableMaintenance(role, path)
-    if not delta_table_exists(spark, path):
-        done.skipped = "no table yet"
-        return done
+
+def _maintain_table(spark: SparkSession, pipeline: PipelineConfig, role: str, path: str,
+                    retain_hours: float) -> TableMaintenance:
+    from delta.tables import DeltaTable
+
     started = time.monotonic()
+    done = TableMaintenance(role, path, retain_hours=retain_hours, files_before=_file_count(spark, path))
     table = DeltaTable.forPath(spark, path)
-    if apply_properties:
-        props = ", ".join(f"'{k}' = '{v}'" for k, v in pipeline.maintenance.table_properties().items())
-        spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({props})")
-    done.files_before = _file_count(spark, path)
 
     # Step 1. Compact.
     optimize = table.optimize()
@@ -159,17 +212,8 @@ def _maintain_table(spark: SparkSession, pipeline: PipelineConfig, role: str, pa
                              f"maintain {pipeline.name}` at once?); nothing changed, run it again") from error
     done.compacted_away = int(metrics[0]["metrics"]["numFilesRemoved"]) if metrics else 0
 
-    # Step 2. Vacuum.
-    try:
-        table.vacuum(hours)
-    except AnalysisException as error:  # pragma: no cover - Delta's own retention check (an older table)
-        if "retention" not in str(error).lower():
-            raise
-        raise ConfigError(
-            f"Delta refused VACUUM of {path} with {hours:g} hours: the table's "
-            "delta.deletedFileRetentionDuration is longer (it was created before maintenance settings). Run "
-            f"`tidemark maintain {pipeline.name} --apply-properties` once, or raise "
-            "maintenance.time_travel_hours") from None
+    # Step 2. Vacuum, with the table's retention (checked above against the promise).
+    table.vacuum()
     recent = table.history(HISTORY_WINDOW).select("version", "operation", "operationMetrics").collect()
     ends = [r for r in recent if r.operation == "VACUUM END"]  # ingest's commits may have followed it
     done.vacuumed = int((ends[0].operationMetrics or {}).get("numDeletedFiles", 0)) if ends else 0

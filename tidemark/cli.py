@@ -222,20 +222,20 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     from pipelines.maintain import maintain
 
     _, pipeline, _ = _pipeline_context(args)
-    if args.retain_hours is not None:
-        pipeline.maintenance.check_retention(args.retain_hours)  # before Spark starts
     spark = build_session(settings(), f"tidemark-maintain-{pipeline.name}")
     try:
-        report = maintain(spark, pipeline, retain_hours=args.retain_hours, apply_properties=args.apply_properties)
+        report = maintain(spark, pipeline, apply_properties=args.apply_properties)
     finally:
         spark.stop()
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
         return 0
     rows = [(t.role, t.skipped or f"{t.files_before} → {t.files_after}", str(t.compacted_away), str(t.vacuumed),
-             str(t.version), f"{t.seconds:.1f}") for t in report.tables]
-    print(_table(rows, ("table", "files", "compacted away", "vacuumed", "version", "seconds")))
-    print(f"retention {report.retain_hours:g} h: versions of the last {report.retain_hours:g} hours stay readable")
+             "-" if t.retain_hours is None else f"{t.retain_hours:g} h", str(t.version), f"{t.seconds:.1f}")
+            for t in report.tables]
+    print(_table(rows, ("table", "files", "compacted away", "vacuumed", "retention", "version", "seconds")))
+    promise = pipeline.maintenance.time_travel_hours
+    print(f"retention {report.retain_hours:g} h: versions of the last {promise:g} hours stay readable (the promise)")
     return 0
 
 
@@ -548,13 +548,10 @@ def build_parser() -> argparse.ArgumentParser:
     maint = sub.add_parser(
         "maintain", help="compact and vacuum a pipeline's tables (safe while ingest runs)",
         description="OPTIMIZE the target, quarantine and ledger (bin-packing; Z-ORDER by "
-                    "maintenance.zorder_by), then VACUUM with a retention never shorter than "
+                    "maintenance.zorder_by), then VACUUM with the table's retention, refused if shorter than "
                     "maintenance.time_travel_hours. Runs beside ingest: compaction never conflicts with its commits.")
     maint.add_argument("pipeline")
     maint.add_argument("--config", default="tidemark.yaml", help="config file (default ./tidemark.yaml)")
-    maint.add_argument("--retain-hours", type=float, metavar="H",
-                       help="VACUUM retention (default: maintenance.vacuum_retain_hours or time_travel_hours); "
-                            "refused if shorter than time_travel_hours")
     maint.add_argument("--apply-properties", action="store_true",
                        help="also set the maintenance table properties on existing tables (a metadata commit: "
                             "a batch committing at that instant is retried)")

@@ -143,12 +143,13 @@ class MaintenanceConfig(BaseModel):
 
     time_travel_hours: Annotated[float, Field(ge=0)] = 168.0
     """The promise: every version of the last this-many hours stays readable (time travel, and
-    dedup's lookups when a stored batch is replayed or backfilled). New tables get it as
-    ``delta.deletedFileRetentionDuration`` and ``delta.logRetentionDuration``."""
+    dedup's lookups when a stored batch is replayed or backfilled)."""
     vacuum_retain_hours: Annotated[float, Field(ge=0)] | None = None
-    """VACUUM's retention; unset: ``time_travel_hours``. Never shorter than it (refused). Below the
-    longest batch's duration, VACUUM may delete the files of a batch being written: under an hour
-    only for tables nothing writes to meanwhile (maintain warns)."""
+    """VACUUM's retention; unset: ``time_travel_hours``. Never shorter than it (refused). Delta
+    takes it from the table property ``delta.deletedFileRetentionDuration`` (VACUUM's own
+    argument is ignored), which new tables are created with. Below the longest batch's
+    duration, VACUUM may delete the files of a batch being written: under an hour only for
+    tables nothing writes to meanwhile (maintain warns)."""
     zorder_by: tuple[str, ...] = ()
     """Target columns compaction clusters rows by (``OPTIMIZE ... ZORDER BY``); empty: bin-packing only."""
     checkpoint_interval: Annotated[int, Field(ge=1, le=1000)] = 10
@@ -168,21 +169,11 @@ class MaintenanceConfig(BaseModel):
     def retain_hours(self) -> float:
         return self.vacuum_retain_hours if self.vacuum_retain_hours is not None else self.time_travel_hours
 
-    def check_retention(self, hours: float) -> None:
-        """Refuse a VACUUM retention shorter than the promise (``--retain-hours`` on the command line)."""
-        if hours < self.time_travel_hours:
-            raise ConfigError(
-                f"a VACUUM retention of {hours:g} hours is shorter than this pipeline's promise "
-                f"(maintenance.time_travel_hours: {self.time_travel_hours:g}): it would delete files of "
-                "versions that time travel and backfills of stored batches still read. Nothing was "
-                f"vacuumed. Use --retain-hours {self.time_travel_hours:g} or more, or lower "
-                "maintenance.time_travel_hours in the config first")
-
     def table_properties(self) -> dict[str, str]:
         """Delta properties a new table is created with (``tidemark maintain --apply-properties``
         sets them on existing tables). Why each: docs/operations.md, "Maintenance"."""
-        hours = f"interval {self.time_travel_hours:g} hours"
-        return {"delta.deletedFileRetentionDuration": hours, "delta.logRetentionDuration": hours,
+        return {"delta.deletedFileRetentionDuration": f"interval {self.retain_hours:g} hours",
+                "delta.logRetentionDuration": f"interval {self.time_travel_hours:g} hours",
                 "delta.checkpointInterval": str(self.checkpoint_interval)}
 
 

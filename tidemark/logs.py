@@ -12,10 +12,12 @@ Spark's defaults (everything on stderr), which is what a CI log needs.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import logging.handlers
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 #: Top-level packages whose records are Tidemark's own.
@@ -71,3 +73,29 @@ def configure(home: Path, *, verbose: bool = False, debug: bool = False,
     if verbose:
         os.environ[VERBOSE_ENV] = "1"
     return path
+
+
+@contextlib.contextmanager
+def jvm_stdout_to_log() -> Iterator[None]:
+    """While inside, file descriptor 1 goes to ``spark.log``: a JVM started meanwhile keeps it as its stdout.
+
+    Some Delta commands print to the JVM's standard output instead of logging (VACUUM's
+    "Deleted N files and directories"), which log4j cannot route; the driver JVM is a child
+    process that inherits our descriptors when it starts (``infra.spark.build_session``).
+    Only when the CLI routed logs (:func:`configure`, without ``-v``); otherwise a no-op.
+    """
+    directory = os.environ.get(LOG_DIR_ENV)
+    if not directory or os.environ.get(VERBOSE_ENV):
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    target = os.open(os.path.join(directory, "spark.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.dup2(target, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(target)

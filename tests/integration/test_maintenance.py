@@ -79,16 +79,20 @@ def test_maintain_compacts_keeps_the_promise_and_backfill_still_reproduces(  # t
     assert _rows(spark, pipeline.target, first_version) == before  # time travel to before the compaction
     assert _rows(spark, pipeline.target, 0)  # the oldest version too
 
-    # A shorter retention than the promise is refused before anything happens.
-    with pytest.raises(ConfigError, match="shorter than this pipeline's promise"):
-        maintain(spark, pipeline, retain_hours=24)
-    assert _version(spark, pipeline.target) == target.version
-
     status = pipeline_status(PipelineContext(config, pipeline, kafka_bootstrap), tmp_path / "quality")
     shape = status.tables["target"]
     assert (shape.files, shape.version, shape.oldest_readable_version) == (1, target.version, 0)
     assert status.maintained.startswith(report.finished_at or "?") and set(status.tables) == {
         "target", "quarantine", "ledger"}
+    assert target.retain_hours == 168
+
+    # A table whose retention is shorter than the promise is refused before anything happens.
+    spark.sql(f"ALTER TABLE delta.`{pipeline.target}` SET TBLPROPERTIES "
+              "('delta.deletedFileRetentionDuration' = 'interval 1 hours')")
+    altered = _version(spark, pipeline.target)
+    with pytest.raises(ConfigError, match="'interval 1 hours' is shorter than this pipeline's promise"):
+        maintain(spark, pipeline)
+    assert _version(spark, pipeline.target) == altered
 
     # A promise of zero hours: VACUUM deletes what compaction replaced, so old versions are gone...
     _, zero = _config(tmp_path, kafka_bootstrap, topic, maintenance={"time_travel_hours": 0})
@@ -134,12 +138,13 @@ def test_a_retention_shorter_than_the_promise_is_refused(tmp_path: Path) -> None
         parse_config({"pipelines": [{"name": "orders", "topics": ["t"], "target": str(tmp_path / "t"),
                                      "format": "raw", "maintenance": {"time_travel_hours": 48,
                                                                       "vacuum_retain_hours": 24}}]})
-    config = write_config(tmp_path / "tidemark.yaml", "127.0.0.1:1", tmp_path / "orders", topics=["t"])
-    done = subprocess.run([sys.executable, "-m", "tidemark.cli", "maintain", "orders", "--config", str(config),
-                           "--retain-hours", "12"], capture_output=True, text=True, timeout=120, check=False)
+    config = write_config(tmp_path / "tidemark.yaml", "127.0.0.1:1", tmp_path / "orders", topics=["t"],
+                          maintenance={"time_travel_hours": 48, "vacuum_retain_hours": 12})
+    done = subprocess.run([sys.executable, "-m", "tidemark.cli", "maintain", "orders", "--config", str(config)],
+                          capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == ConfigError.exit_code, done.stderr
-    assert "retention of 12 hours is shorter than this pipeline's promise" in done.stderr
-    assert "--retain-hours 168" in done.stderr and "Traceback" not in done.stderr
+    assert "vacuum_retain_hours 12 is shorter than time_travel_hours 48" in done.stderr
+    assert "Traceback" not in done.stderr
     assert not (tmp_path / "orders").exists()  # refused before Spark started: nothing touched
 
 

@@ -137,6 +137,11 @@ def test_maintenance_beside_follow_under_sigkill_keeps_every_version_whole(  # t
     final = subprocess.run(_maintain_argv(config), env=process_env(), capture_output=True, text=True,
                            timeout=600, check=False)
     assert final.returncode == 0, final.stderr[-3000:]
+    # One table of the three tables on stdout; VACUUM's own print went to the log file.
+    lines = final.stdout.splitlines()
+    rule = next(i for i, line in enumerate(lines) if line.startswith("-----"))
+    assert [line.split()[0] for line in lines[rule + 1:rule + 4]] == ["target", "quarantine", "ledger"], lines
+    assert "Deleted" not in final.stdout + final.stderr and "retention 168 h" in final.stdout, final.stdout
 
     versions = sorted(int(r.version) for r in DeltaTable.forPath(spark, str(target)).history().select(
         "version").collect())
