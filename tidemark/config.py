@@ -132,7 +132,7 @@ class ScheduleConfig(BaseModel):
     """How long a run waits for a rival run of the same pipeline before it is refused."""
     maintain_every_seconds: Annotated[float, Field(ge=60)] | None = 3600.0
     """``tidemark maintain`` (compaction, VACUUM) this often; null: no schedule. Hourly keeps a
-    pipeline committing every few seconds below ~1,000 small files per table (docs/benchmarks.md,
+    pipeline committing every 5 seconds below ~720 small files per table (docs/benchmarks.md,
     "Per-batch cost vs history")."""
 
 
