@@ -161,8 +161,10 @@ class Setup:
         return elapsed
 
     def keep_templates(self, work: Path) -> None:
+        from pipelines.maintain import tables_of
+
         p = self.pipeline
-        self.tables = [p.target, p.quarantine_path, p.ledger_path]
+        self.tables = [path for _, path in tables_of(p)]
         self.templates = [Template(path, p.name, work / "templates" / self.name / str(i), ledger=path == p.ledger_path)
                           for i, path in enumerate(self.tables)]
         self.next_batch = 2
@@ -178,10 +180,10 @@ class Setup:
 
     def shape(self) -> dict[str, dict[str, int]]:
         from offsets.tables import table_shape
+        from pipelines.maintain import tables_of
 
-        p = self.pipeline
         out = {}
-        for role, path in (("target", p.target), ("quarantine", p.quarantine_path), ("ledger", p.ledger_path)):
+        for role, path in tables_of(self.pipeline):
             shape = table_shape(path)
             assert shape is not None
             out[role] = {"version": shape.version, "files": shape.files, "bytes": shape.bytes}

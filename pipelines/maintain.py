@@ -1,10 +1,11 @@
 """``tidemark maintain``: keep a pipeline's three tables fast to commit to for months.
 
 A pipeline that commits every few seconds adds a small file and a version to its target,
-its ledger and (with bad records) its quarantine per batch. Each append with
-``txnAppId`` rebuilds the table's snapshot state, whose cost follows the number of files
-in it, so without maintenance every batch gets slower (docs/benchmarks.md, "Per-batch
-cost vs history"). Per table, in this order:
+its ledger and (with bad records) its quarantine per batch. This keeps the files few and
+the deleted ones within the time-travel promise. It does not yet bound the other thing
+that grows: the commit files in ``_delta_log``, which Delta lists on every snapshot update
+of a local or HDFS table and is what makes a batch at 10,000 versions ~1.5x slower
+(docs/benchmarks.md, "Per-batch cost vs history"). Per table, in this order:
 
 1. **Compact.** ``OPTIMIZE``: small files bin-packed into large ones (the target
    clustered by ``maintenance.zorder_by`` if set; the ledger by ``batch_id``, so a
@@ -22,9 +23,9 @@ cost vs history"). Per table, in this order:
    those compaction replaced, and orphans of writes that never committed (a guarded write
    that tripped, a killed batch). Files a running batch is writing are new, so a retention
    longer than any batch keeps them.
-3. **The log** needs no command: the compaction commit and ingest's own commits write
+3. **The log** gets no command: the compaction commit and ingest's own commits write
    checkpoints every ``delta.checkpointInterval`` versions, and checkpoints delete log
-   files older than ``delta.logRetentionDuration``. New tables are created with those
+   files older than ``delta.logRetentionDuration`` (rounded down to the day). New tables are created with those
    properties (:meth:`tidemark.config.MaintenanceConfig.table_properties`); ``--apply-properties``
    sets them on existing ones. That is a metadata change: an ingest batch committing at
    the same instant fails with a conflict and is retried, so apply them once, best with
@@ -116,10 +117,14 @@ def maintain(spark: SparkSession, pipeline: PipelineConfig, *, apply_properties:
         for _, path in existing:
             spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({props})")
     # Every table's retention is checked before any is touched: a refusal changes nothing.
-    retention = {path: check_retention(pipeline, path, _properties(spark, path)) for _, path in existing}
+    checked = {}
+    for role, path in existing:
+        files, properties = _detail(spark, path)
+        checked[path] = TableMaintenance(role, path, files_before=files,
+                                         retain_hours=check_retention(pipeline, path, properties))
     for role, path in tables_of(pipeline):
-        if path in retention:
-            report.tables.append(_maintain_table(spark, pipeline, role, path, retention[path]))
+        if path in checked:
+            report.tables.append(_maintain_table(spark, pipeline, checked[path]))
         else:
             report.tables.append(TableMaintenance(role, path, skipped="no table yet"))
     report.finished_at = _now()
@@ -189,17 +194,19 @@ def readable_from(pipeline: PipelineConfig, role: str, path: str) -> int | None:
     return None if shape is None else shape.oldest_readable_version
 
 
-def _properties(spark: SparkSession, path: str) -> dict[str, str]:
-    detail = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").select("properties").first()
-    return dict(detail["properties"] or {}) if detail is not None else {}
+def _detail(spark: SparkSession, path: str) -> tuple[int, dict[str, str]]:
+    """The table's file count and properties (``DESCRIBE DETAIL``)."""
+    detail = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").select("numFiles", "properties").first()
+    assert detail is not None
+    return int(detail["numFiles"]), dict(detail["properties"] or {})
 
 
-def _maintain_table(spark: SparkSession, pipeline: PipelineConfig, role: str, path: str,
-                    retain_hours: float) -> TableMaintenance:
+def _maintain_table(spark: SparkSession, pipeline: PipelineConfig, done: TableMaintenance) -> TableMaintenance:
+    """Steps 1 and 2 of one table whose retention ``done`` holds, checked; ``done`` filled in."""
     from delta.tables import DeltaTable
 
     started = time.monotonic()
-    done = TableMaintenance(role, path, retain_hours=retain_hours, files_before=_file_count(spark, path))
+    role, path = done.role, done.path
     table = DeltaTable.forPath(spark, path)
 
     # Step 1. Compact.
@@ -217,7 +224,7 @@ def _maintain_table(spark: SparkSession, pipeline: PipelineConfig, role: str, pa
     recent = table.history(HISTORY_WINDOW).select("version", "operation", "operationMetrics").collect()
     ends = [r for r in recent if r.operation == "VACUUM END"]  # ingest's commits may have followed it
     done.vacuumed = int((ends[0].operationMetrics or {}).get("numDeletedFiles", 0)) if ends else 0
-    done.files_after = _file_count(spark, path)
+    done.files_after = _detail(spark, path)[0]
     done.version = int(recent[0].version)
     done.seconds = round(time.monotonic() - started, 3)
     return done
@@ -228,10 +235,6 @@ def _conflicts() -> tuple[type[BaseException], ...]:
 
     return (dx.ConcurrentDeleteReadException, dx.ConcurrentDeleteDeleteException,
             dx.DeltaConcurrentModificationException)
-
-
-def _file_count(spark: SparkSession, path: str) -> int:
-    return int(spark.sql(f"DESCRIBE DETAIL delta.`{path}`").select("numFiles").first()[0])  # type: ignore[index]
 
 
 def _now() -> str:

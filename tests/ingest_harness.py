@@ -11,6 +11,7 @@ import random
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,3 +151,19 @@ def target_commits_per_batch(spark: Any, target: str, pipeline: str = "orders") 
         if batch is not None:
             batches[batch] += 1
     return batches
+
+
+def delta_versions(table: Path) -> int:
+    """Committed versions of a Delta table, from its log's file names (no Spark needed)."""
+    log = table / "_delta_log"
+    return sum(1 for f in log.glob("*.json") if f.stem.isdigit()) if log.is_dir() else 0
+
+
+def wait_for_new_version(table: Path, before: int, proc: subprocess.Popen[Any], log: Path,
+                         timeout: float = 180) -> None:
+    """Until ``table`` has more than ``before`` versions, while the ingest ``proc`` (output in ``log``) runs."""
+    deadline = time.monotonic() + timeout
+    while delta_versions(table) <= before:
+        assert proc.poll() is None, f"ingest exited {proc.returncode}: {log.read_text()[-2000:]}"
+        assert time.monotonic() < deadline, f"no commit within {timeout:.0f}s: {log.read_text()[-2000:]}"
+        time.sleep(0.2)

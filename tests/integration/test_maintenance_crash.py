@@ -23,11 +23,13 @@ import pytest
 from delta.tables import DeltaTable
 
 from tests.ingest_harness import (
+    delta_versions,
     ingest_argv,
     kafka_keys,
     process_env,
     table_keys,
     target_commits_per_batch,
+    wait_for_new_version,
     write_config,
 )
 from tests.integration.test_transactions import SourceTxns, _txns
@@ -71,11 +73,6 @@ class Writer(threading.Thread):
         assert self.written > 50 and self.aborted > 10, (self.written, self.aborted)
 
 
-def _versions(table: Path) -> int:
-    log = table / "_delta_log"
-    return sum(1 for f in log.glob("*.json") if f.stem.isdigit()) if log.is_dir() else 0
-
-
 def _wait_for_compaction(table: Path, after: int, proc: subprocess.Popen[bytes], log: Path) -> None:
     deadline = time.monotonic() + 300
     while True:
@@ -105,11 +102,8 @@ def test_maintenance_beside_follow_under_sigkill_keeps_every_version_whole(  # t
             logs = [open(tmp_path / f"{kind}-{round_}.log", "wb") for kind in ("ingest", "maintain")]  # noqa: SIM115
             ingest = subprocess.Popen(ingest_argv(config, "--follow", pipeline="events"), env=process_env(),
                                       stdout=logs[0], stderr=logs[0], start_new_session=True)
-            before, deadline = _versions(target), time.monotonic() + 240
-            while _versions(target) <= before:  # ingest is committing
-                assert ingest.poll() is None, (tmp_path / f"ingest-{round_}.log").read_text()[-2000:]
-                assert time.monotonic() < deadline, "ingest made no commit in 240 s"
-                time.sleep(0.2)
+            before = delta_versions(target)
+            wait_for_new_version(target, before, ingest, tmp_path / f"ingest-{round_}.log", timeout=240)
             maintain = subprocess.Popen(_maintain_argv(config), env=process_env(), stdout=logs[1], stderr=logs[1],
                                         start_new_session=True)
             if round_ % 2 == 0:

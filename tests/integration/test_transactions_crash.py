@@ -20,7 +20,7 @@ import yaml
 
 from offsets.ledger import Ledger
 from offsets.protocol import CRASH_POINTS
-from tests.ingest_harness import ingest_argv, process_env
+from tests.ingest_harness import delta_versions, ingest_argv, process_env, wait_for_new_version
 from tests.relay_harness import RelaySetup, Writers, kill_group
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -38,21 +38,6 @@ def _config(setup: RelaySetup, target: Path, cap: int) -> Path:
     return path
 
 
-def _versions(table: Path) -> int:
-    """Committed versions of a Delta table, from its log's file names (no Spark needed)."""
-    log = table / "_delta_log"
-    return sum(1 for f in log.glob("*.json") if f.stem.isdigit()) if log.is_dir() else 0
-
-
-def _wait_for_new_version(table: Path, before: int, proc: subprocess.Popen[bytes], log: Path,
-                          timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while _versions(table) <= before:
-        assert proc.poll() is None, f"ingest exited {proc.returncode}: {log.read_text()[-2000:]}"
-        assert time.monotonic() < deadline, f"no commit within {timeout:.0f}s: {log.read_text()[-2000:]}"
-        time.sleep(0.2)
-
-
 def test_source_transactions_are_whole_in_every_version_across_kills(
         spark, postgres_dsn: str, kafka_bootstrap: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from delta.tables import DeltaTable
@@ -68,12 +53,12 @@ def test_source_transactions_are_whole_in_every_version_across_kills(
     try:
         # At least 8 kills, and on until the table has 10 versions to time-travel over: on a
         # loaded machine a batch takes ~8 s, so the round count adapts instead of the bar.
-        while (kills < 8 or _versions(target) < 10) and round_ < 16:
+        while (kills < 8 or delta_versions(target) < 10) and round_ < 16:
             config = _config(setup, target, rng.choice([20, 60, 250, 1000]))
             crash_at = rng.choice(CRASH_POINTS) if round_ % 2 else None
             log_path = tmp_path / f"ingest-{round_}.log"
             log = open(log_path, "wb")  # noqa: SIM115 - the child owns it
-            before = _versions(target)
+            before = delta_versions(target)
             proc = subprocess.Popen(ingest_argv(config, "--follow", pipeline="events"), env=process_env(crash_at),
                                     stdout=log, stderr=log, start_new_session=True)
             if crash_at is None:
@@ -81,7 +66,7 @@ def test_source_transactions_are_whole_in_every_version_across_kills(
                 # plan, claim, write or settle, or the idle wait between batches. (A named-step
                 # kill usually lands before its run's first commit, so these rounds make the
                 # versions.)
-                _wait_for_new_version(target, before + rng.randint(0, 2), proc, log_path)
+                wait_for_new_version(target, before + rng.randint(0, 2), proc, log_path)
                 time.sleep(rng.uniform(0, 8))
             else:
                 try:
