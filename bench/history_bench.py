@@ -24,7 +24,10 @@ by writing the commit files directly — the same ``commitInfo`` (with the batch
 ``userMetadata``), ``txn`` (``txnVersion`` = the batch id) and ``add`` actions Delta wrote,
 each add pointing at a new file (a hard link of the real one; ledger rows are rewritten
 with their own ``batch_id`` and stats, so data skipping finds each batch's intent).
-delta-rs then writes a checkpoint of the last version, as Delta would have. Maintenance
+Beside each commit file go Delta's version checksum and Hadoop's ``.crc`` of both, as a
+real commit on a local path leaves them (four ``_delta_log`` entries a version: what a
+listing of the log walks). delta-rs then writes a checkpoint of the last version, as
+Delta would have. Maintenance
 runs are real ``OPTIMIZE``/``VACUUM`` commits between stretches of synthetic versions.
 
     .venv/bin/python -m bench.history_bench --json docs/bench/history.json --png docs/bench/history.png
@@ -53,6 +56,21 @@ def _log_file(table: str, version: int) -> Path:
     return Path(table) / "_delta_log" / f"{version:020d}.json"
 
 
+def _hadoop_checksum(data: bytes) -> bytes:
+    """Hadoop's ``.<name>.crc`` for ``data`` (CRC32 of each 512-byte chunk), as the local file system writes it."""
+    import struct
+    import zlib
+
+    return b"crc\x00" + struct.pack(">i", 512) + b"".join(
+        struct.pack(">I", zlib.crc32(data[i:i + 512])) for i in range(0, len(data), 512))
+
+
+def _write_log_entry(path: Path, data: bytes) -> None:
+    """A ``_delta_log`` file and Hadoop's checksum beside it: what a real commit leaves on a local path."""
+    path.write_bytes(data)
+    path.with_name(f".{path.name}.crc").write_bytes(_hadoop_checksum(data))
+
+
 def _latest_version(table: str) -> int:
     return max(int(p.name.split(".")[0]) for p in (Path(table) / "_delta_log").glob("*.json"))
 
@@ -68,6 +86,8 @@ class Template:
         self.txn = next(a["txn"] for a in actions if "txn" in a and a["txn"]["appId"] == app_id)
         self.adds = [a["add"] for a in actions if "add" in a]
         self.meta = json.loads(self.info.get("userMetadata") or "{}")
+        checksum = _log_file(table, 0).with_suffix(".crc")
+        self.checksum = checksum.read_bytes() if checksum.exists() else None
         self.ledger = ledger
         keep.mkdir(parents=True, exist_ok=True)
         self.files = {}
@@ -115,8 +135,14 @@ class Template:
                 else:
                     os.link(self.files[add["path"]], Path(table) / name)
                 lines.append({"add": new})
-            _log_file(table, head + 1 + step).write_text(
-                "\n".join(json.dumps(x, separators=(",", ":")) for x in lines) + "\n")
+            log_file = _log_file(table, head + 1 + step)
+            _write_log_entry(log_file, ("\n".join(json.dumps(x, separators=(",", ":")) for x in lines)
+                                        + "\n").encode())
+            if self.checksum is not None and step < count - 1:
+                # Delta's version checksum beside each commit, as on a real log (four entries a
+                # version); its content is version 0's, so none is left on the newest version,
+                # the only one whose checksum a snapshot load reads.
+                _write_log_entry(log_file.with_suffix(".crc"), self.checksum)
         DeltaTable(table).create_checkpoint()
 
 

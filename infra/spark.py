@@ -18,6 +18,7 @@ from tidemark.logs import jvm_stdout_to_log
 from tidemark.settings import Settings
 
 LOG4J2 = Path(__file__).parent / "spark-log4j2.properties"
+LOG_STORE = "io.tidemark.delta.LocalListingLogStore"
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -40,6 +41,10 @@ def spark_conf(settings: Settings, *, warehouse: Path | None = None) -> dict[str
         "spark.sql.warehouse.dir": str(warehouse or home / "spark-warehouse"),
         "spark.jars.ivy": str(home / "ivy"),
         "spark.databricks.delta.snapshotPartitions": "2",
+        # _delta_log listed from the newest checkpoint, not whole: by name on local paths
+        # (infra/java), by S3A's start-after on s3a:// (Delta's own switch).
+        "spark.delta.logStore.file.impl": LOG_STORE,
+        "spark.hadoop.delta.enableFastS3AListFrom": "true",
         "spark.sql.sources.parallelPartitionDiscovery.parallelism": "2",
         "spark.sql.adaptive.enabled": "true",
         "spark.driver.extraJavaOptions": (

@@ -1,12 +1,16 @@
-"""Tidemark's own JVM functions for Spark, compiled once from ``infra/java`` into the jar cache.
+"""Tidemark's own JVM classes for Spark, compiled once from ``infra/java`` into the jar cache.
 
-Only where Spark's built-in is measurably slow on the ingest's hot path: UTF-8
+Only where Spark's or Delta's built-in is measurably slow on a hot path: UTF-8
 validation of every record (``tidemark_is_valid_utf8``, same answers as Spark's
 ``is_valid_utf8``, several times faster on mostly-ASCII values; see
-docs/benchmarks.md), and the relay's per-topic event counts in G3's column
+docs/benchmarks.md), the relay's per-topic event counts in G3's column
 (``tidemark_topic_count``: the relay's own compact form read directly, anything else
-left to ``from_json``). The jar is keyed by a hash of the sources, built with the JDK's
-``javac`` and ``jar`` against pyspark's own jars, so it needs no network.
+left to ``from_json``), and Delta's log store for local paths
+(``io.tidemark.delta.LocalListingLogStore``: lists ``_delta_log`` by name before asking
+for any file's status, so a snapshot update does not cost more as the log grows; see
+docs/design.md, "Months of history"). The jar is keyed by a hash of the sources, built
+with the JDK's ``javac`` and ``jar`` against pyspark's and delta-storage's jars, so it
+needs no network.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from infra import jars as jar_cache
 from tidemark.errors import MissingToolError, StackError
 
 if TYPE_CHECKING:
@@ -44,17 +49,20 @@ def jar_path(home: Path) -> Path:
 
 
 def build(home: Path) -> Path:
-    """The functions' jar, compiling it first if the cache lacks this version of the sources."""
+    """The classes' jar, compiling it first if the cache lacks this version of the sources."""
     target = jar_path(home)
     if target.exists():
         return target
     javac, jar = shutil.which("javac"), shutil.which("jar")
     if javac is None or jar is None:
-        raise MissingToolError("a JDK (`javac`, `jar`) is needed once to build Tidemark's Spark functions: "
+        raise MissingToolError("a JDK (`javac`, `jar`) is needed once to build Tidemark's Spark classes: "
                                "install OpenJDK 17 and run `make bootstrap` again")
     import pyspark
 
-    classpath = ":".join(str(j) for j in (Path(pyspark.__file__).parent / "jars").glob("spark-sql-api_*.jar"))
+    shipped = Path(pyspark.__file__).parent / "jars"
+    delta_storage = [j for j in jar_cache.cached(home, "spark").jars if j.name.startswith("delta-storage-")]
+    classpath = ":".join(str(j) for j in [*shipped.glob("spark-sql-api_*.jar"), *shipped.glob("hadoop-client-api-*.jar"),
+                                          *delta_storage])
     with tempfile.TemporaryDirectory() as tmp:
         classes = Path(tmp) / "classes"
         steps = [[javac, "--release", "17", "-cp", classpath, "-d", str(classes), *map(str, _sources())],
@@ -62,7 +70,7 @@ def build(home: Path) -> Path:
         for cmd in steps:
             proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if proc.returncode != 0:
-                raise StackError(f"building Tidemark's Spark functions failed ({Path(cmd[0]).name}):\n"
+                raise StackError(f"building Tidemark's Spark classes failed ({Path(cmd[0]).name}):\n"
                                  f"{(proc.stdout + proc.stderr).strip()[-2000:]}")
         target.parent.mkdir(parents=True, exist_ok=True)
         staged = target.with_name(f".{target.name}.{os.getpid()}")

@@ -1,8 +1,10 @@
-"""Tidemark's JVM functions agree with Spark's built-ins (infra/java, infra/udfs.py)."""
+"""Tidemark's JVM classes agree with Spark's and Delta's built-ins (infra/java, infra/udfs.py)."""
 
 from __future__ import annotations
 
 import random
+
+import pytest
 
 
 def test_utf8_validator_agrees_with_spark_on_edge_cases_and_random_bytes(spark) -> None:  # type: ignore[no-untyped-def]
@@ -31,3 +33,54 @@ def _python_valid(value: bytes) -> bool:
         return True
     except UnicodeDecodeError:
         return False
+
+
+def test_local_log_store_lists_what_delta_lists_and_is_the_one_delta_uses(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from py4j.protocol import Py4JJavaError
+
+    from infra.spark import LOG_STORE
+
+    jvm = spark._jvm
+    table = tmp_path / "t"
+    for i in range(12):  # a checkpoint at 10, Delta's checksums, Hadoop's hidden .crc files
+        spark.range(i, i + 1).write.format("delta").mode("append").save(str(table))
+    log = table / "_delta_log"
+    (log / "_staged_commits").mkdir(exist_ok=True)  # a directory after the commits sorts in too
+    conf = spark._jsc.hadoopConfiguration()
+    ours = getattr(jvm, LOG_STORE)(conf)
+    stock = jvm.io.delta.storage.HDFSLogStore(conf)
+
+    def listing(store, start: str) -> list[tuple[str, int, int, bool]]:  # type: ignore[no-untyped-def]
+        it = store.listFrom(jvm.org.apache.hadoop.fs.Path(f"file:{log}/{start}"), conf)
+        out = []
+        while it.hasNext():
+            s = it.next()
+            out.append((s.getPath().toString(), s.getLen(), s.getModificationTime(), s.isDirectory()))
+        return out
+
+    starts = [f"{v:020d}.json" for v in (0, 5, 10, 11, 12, 99)] + [f"{10:020d}.checkpoint.parquet", ".0", "0", "_"]
+    for start in starts:
+        assert listing(ours, start) == listing(stock, start), start
+    everything = listing(ours, "0")
+    names = [p.rsplit("/", 1)[1] for p, *_ in everything]
+    assert sum(n.endswith(".json") for n in names) == 12 and any(n.endswith(".crc") for n in names)
+    assert not any(n.startswith(".") for n in names) and names == sorted(names)
+    assert listing(ours, f"{11:020d}.json")[0][0].endswith(f"{11:020d}.json")
+
+    # An entry deleted between the directory read and its status is left out, not an error.
+    it = ours.listFrom(jvm.org.apache.hadoop.fs.Path(f"file:{log}/{5:020d}.json"), conf)
+    (log / f"{6:020d}.json").unlink()
+    left = []
+    while it.hasNext():
+        left.append(it.next().getPath().getName())
+    assert f"{5:020d}.json" in left and f"{6:020d}.json" not in left and f"{7:020d}.json" in left
+
+    for store in (ours, stock):  # a missing log directory is FileNotFoundException, as Delta expects
+        with pytest.raises(Py4JJavaError, match="FileNotFoundException"):
+            store.listFrom(jvm.org.apache.hadoop.fs.Path(f"file:{tmp_path}/none/_delta_log/0"), conf)
+
+    # and the session's Delta lists local tables with it
+    delegate = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, str(tmp_path / "t2")) \
+        .store().getDelegate(jvm.org.apache.hadoop.fs.Path(f"file:{log}"))
+    impl = delegate.logStoreImpl() if "LogStoreAdaptor" in delegate.getClass().getName() else delegate
+    assert impl.getClass().getName() == LOG_STORE
