@@ -31,6 +31,9 @@ Delta would have. Maintenance
 runs are real ``OPTIMIZE``/``VACUUM`` commits between stretches of synthetic versions.
 
     .venv/bin/python -m bench.history_bench --json docs/bench/history.json --png docs/bench/history.png
+    .venv/bin/python -m bench.history_bench --delta-log-store      # the same with Delta's own log store
+    .venv/bin/python -m bench.history_bench --day                  # a simulated day, then one maintain
+    .venv/bin/python -m bench.history_bench --properties --batches 60   # auto-compaction, optimized writes
 """
 
 from __future__ import annotations
@@ -259,6 +262,69 @@ def simulated_day(args: argparse.Namespace) -> int:
     return 0
 
 
+#: ``--properties``: Delta's streaming-sink table properties, each measured against none.
+PROPERTY_SETS = {"none": {}, "auto-compact": {"delta.autoOptimize.autoCompact": "true"},
+                 "optimized-writes": {"delta.autoOptimize.optimizeWrite": "true"}}
+
+
+def table_properties(args: argparse.Namespace) -> int:
+    """``--properties``: per-batch cost and files left with Delta's auto-compaction or optimized writes on.
+
+    One pipeline per property set, all three tables with it, alternating batch by batch for
+    ``--batches`` batches each (no history synthesized: the commit path is what differs).
+    """
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from infra.spark import build_session
+    from pipelines.maintain import tables_of
+    from tidemark.settings import load_settings
+
+    work = Path(tempfile.mkdtemp(prefix="tidemark-history-props-"))
+    load_before = loadavg()
+    times: dict[str, list[float]] = {name: [] for name in PROPERTY_SETS}
+    shapes: dict[str, dict[str, dict[str, int]]] = {}
+    try:
+        with kafka_broker(args.bootstrap) as (bootstrap, _):
+            spark = build_session(load_settings(), "tidemark-history-props", warehouse=work / "warehouse")
+            try:
+                admin = AdminClient({"bootstrap.servers": bootstrap})
+                setups, jobs = {}, {}
+                for name, props in PROPERTY_SETS.items():
+                    s = setups[name] = Setup(name, work, bootstrap, args.records)
+                    admin.create_topics([NewTopic(s.topic, 1, 1)])[s.topic].result(30)
+                    s.produce(args.batches + 1, args.records, 0)
+                    jobs[name] = s.job(spark)
+                    s.batch(jobs[name], args.records)  # creates the tables
+                    for _, path in tables_of(s.pipeline):
+                        for key, value in props.items():
+                            spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{key}' = '{value}')")
+                for _ in range(args.batches):
+                    for name, s in setups.items():
+                        times[name].append(s.batch(jobs[name], args.records))
+                shapes = {name: s.shape() for name, s in setups.items()}
+            finally:
+                spark.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    base = statistics.mean(times["none"])
+    lines = [*header("Table properties of a streaming sink: per-batch cost and files", load_before), "",
+             f"{args.batches} batches of {args.records:,} records per pipeline, alternating.", "",
+             "| properties | mean s/batch | vs none | p95 s | max s | target files | ledger files |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    summary = {}
+    for name, values in times.items():
+        ordered = sorted(values)
+        p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+        summary[name] = {"mean": statistics.mean(values), "p95": p95, "max": ordered[-1],
+                         "ratio_vs_none": statistics.mean(values) / base, "tables": shapes[name]}
+        lines.append(f"| {name} | {summary[name]['mean']:.3f} | {summary[name]['ratio_vs_none']:.2f}x | {p95:.3f} | "
+                     f"{ordered[-1]:.3f} | {shapes[name]['target']['files']} | {shapes[name]['ledger']['files']} |")
+    emit(lines, args.output)
+    emit_json({"benchmark": "history_properties", "batches": args.batches, "records": args.records,
+               "properties": PROPERTY_SETS, "seconds_per_batch": times, "summary": summary}, args.json, png=args.png)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--versions", type=int, default=10_000, help="history of the long pipelines")
@@ -270,10 +336,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap", help="use this Kafka cluster instead of a fresh embedded broker")
     parser.add_argument("--day", action="store_true",
                         help="instead: a simulated day of 5-second batches, then one maintain; files per table")
+    parser.add_argument("--delta-log-store", action="store_true",
+                        help="list _delta_log with Delta's own HDFSLogStore, not Tidemark's (what it buys)")
+    parser.add_argument("--properties", action="store_true",
+                        help="instead: per-batch cost with Delta's auto-compaction / optimized writes on vs off")
     report_arguments(parser)
     args = parser.parse_args(argv)
     if args.day:
         return simulated_day(args)
+    if args.properties:
+        return table_properties(args)
 
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -289,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     maintain_runs = 0
     try:
         with kafka_broker(args.bootstrap) as (bootstrap, broker_version):
-            spark = build_session(load_settings(), "tidemark-history-bench", warehouse=work / "warehouse")
+            spark = build_session(load_settings(), "tidemark-history-bench", warehouse=work / "warehouse",
+                                  without=("spark.delta.logStore.file.impl",) if args.delta_log_store else ())
             try:
                 setups = {n: Setup(n, work, bootstrap, args.records) for n in PIPELINES}
                 admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -329,11 +402,12 @@ def main(argv: list[str] | None = None) -> int:
     med = {n: statistics.median(v) for n, v in per_batch.items()}
     ratios = {n: med[n] / med["fresh"] for n in PIPELINES}
     files = {n: shapes[n]["target"]["files"] for n in PIPELINES}
+    store = "Delta's own HDFSLogStore (--delta-log-store)" if args.delta_log_store else "Tidemark's log store"
     lines = ["", *header("Per-batch cost vs history", load_before),
              (f"Kafka {broker_version}, one broker, one partition; batches of {args.records:,} records (~230 B, "
               f"one bad); {args.batches} timed batches per pipeline and round after one warm-up, {args.reps} "
               f"rounds; maintenance every {args.maintain_every} versions ({maintain_runs} runs), the last "
-              f"{args.maintain_every} versions before the measurement."), "",
+              f"{args.maintain_every} versions before the measurement. _delta_log listed by {store}."), "",
              ("| pipeline | versions of history | target files | mean s per batch (median of rounds) | "
              "rounds (s) | ratio to fresh |"), "|---|---:|---:|---:|---|---:|"]
     for n in PIPELINES:
@@ -344,7 +418,8 @@ def main(argv: list[str] | None = None) -> int:
     emit(lines, args.output)
     emit_json({"benchmark": "history_bench", "versions": args.versions, "fresh_versions": args.fresh,
                "maintain_every": args.maintain_every, "records": args.records, "batches": args.batches,
-               "reps": args.reps, "seconds_per_batch": med, "rounds": per_batch, "runs": runs, "shapes": shapes,
+               "reps": args.reps, "log_store": "delta" if args.delta_log_store else "tidemark",
+               "seconds_per_batch": med, "rounds": per_batch, "runs": runs, "shapes": shapes,
                "ratio_maintained": ratios["maintained"], "ratio_unmaintained": ratios["unmaintained"]},
               args.json, png=args.png)
     return 0

@@ -11,10 +11,22 @@ same lineage columns:
 * ``structured-streaming``: ``readStream.format("kafka")`` → ``writeStream.format("delta")``
   with ``Trigger.AvailableNow`` and a checkpoint directory.
 
-The order alternates over ``--reps`` (A B B A ...). Each run is checked: the table holds
-exactly the committed records, once. Reported: records/s per run, medians, and the ratio.
+Two more contenders on the same data in the same session measure the machine's limit:
 
-    .venv/bin/python -m bench.ingest_bench                      # 1,000,000 records, 2 reps each
+* ``read-only``: the whole topic through Spark's Kafka source with Tidemark's fetch
+  settings and headers, counted: no parse, no write;
+* ``write-only``: the same rows Tidemark wrote (its untimed warm-up's table, read back
+  from Parquet) appended to a fresh Delta table.
+
+The limit is the slower of the two (what ingest would take if reading and writing
+overlapped perfectly). The order rotates over ``--reps``. Each run is checked: the table
+holds exactly the committed records, once. Reported: records/s per run, medians, the
+ratios to Structured Streaming and to the limit. Then ``--process-runs`` runs of
+``tidemark ingest`` as a whole cold process (its own JVM), and as many processes that
+only start and stop a session, so the difference to the in-process figure is split
+into session start-up and the rest; with each process tree's peak resident memory.
+
+    .venv/bin/python -m bench.ingest_bench --reps 3 --json docs/bench/ingest.json   # 1,000,000 records
     .venv/bin/python -m bench.ingest_bench --records 50000 --reps 1
 """
 
@@ -32,7 +44,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.common import emit, header, kafka_broker, loadavg
+from bench.common import emit, emit_json, header, kafka_broker, loadavg, report_arguments
 
 PARTITIONS = 8
 SCHEMA = "order_id STRING, customer STRING, amount DOUBLE, currency STRING, items ARRAY<STRING>, note STRING"
@@ -111,6 +123,90 @@ def run_structured_streaming(spark: Any, bootstrap: str, topic: str, target: Pat
     return count, batches
 
 
+def run_read_only(spark: Any, bootstrap: str, topic: str, target: Path) -> tuple[int, int]:
+    """(records, 1): the whole topic read as Tidemark reads a batch's ranges, and counted."""
+    from connectors.kafka_config import spark_options
+    from pipelines.transform import BULK_READ_OPTIONS
+    from tidemark.config import KafkaConnection
+
+    options = {**BULK_READ_OPTIONS, **spark_options(KafkaConnection(bootstrap_servers=bootstrap), bootstrap)}
+    count = (spark.read.format("kafka").options(**options).option("subscribe", topic)
+             .option("startingOffsets", "earliest").option("endingOffsets", "latest")
+             .option("includeHeaders", "true").option("failOnDataLoss", "true").load().count())
+    return count, 1
+
+
+#: The rows ``write-only`` appends: Tidemark's warm-up table (set once the warm-up ran).
+WRITE_SOURCE: list[Path] = []
+
+
+def run_write_only(spark: Any, bootstrap: str, topic: str, target: Path) -> tuple[int, int]:
+    """(rows, 1): Tidemark's rows, read back from Parquet, appended to a fresh Delta table."""
+    spark.read.format("delta").load(str(WRITE_SOURCE[0])).write.format("delta").mode("append").save(str(target))
+    return spark.read.format("delta").load(str(target)).count(), 1
+
+
+def process_run(command: list[str], cwd: Path) -> tuple[float, int]:
+    """(seconds, peak resident bytes of the process tree's largest process) of one command."""
+    import subprocess
+
+    import psutil
+
+    started = time.perf_counter()
+    proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    peak = 0
+    root = psutil.Process(proc.pid)
+    while proc.poll() is None:
+        try:
+            for p in [root, *root.children(recursive=True)]:
+                peak = max(peak, p.memory_info().rss)
+        except psutil.Error:
+            pass
+        time.sleep(0.1)
+    elapsed = time.perf_counter() - started
+    out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} exited {proc.returncode}:\n{out[-3000:]}")
+    return elapsed, peak
+
+
+SESSION_ONLY = ("from infra.spark import build_session; from tidemark.settings import load_settings; "
+                "build_session(load_settings(), 'tidemark-session-only').stop()")
+
+
+def whole_process(bootstrap: str, topic: str, work: Path, runs: int, expected: int) -> dict[str, list[float]]:
+    """``tidemark ingest`` as a cold process (config file, own JVM) vs a process that only starts a session."""
+    import yaml
+
+    tidemark = Path(sys.executable).with_name("tidemark")
+    out: dict[str, list[float]] = {"process": [], "session_only": [], "process_peak_rss": [],
+                                   "session_only_peak_rss": []}
+    for run in range(runs):
+        target = work / f"process-{run}"
+        config = work / f"process-{run}.yaml"
+        config.write_text(yaml.safe_dump({"kafka": {"bootstrap_servers": bootstrap}, "pipelines": [
+            {"name": "bench", "topics": [topic], "target": str(target), "schema": SCHEMA, **TIDEMARK_OPTIONS}]}))
+        seconds, peak = process_run([str(tidemark), "ingest", "bench", "--config", str(config)], work)
+        out["process"].append(seconds)
+        out["process_peak_rss"].append(peak)
+        count = _delta_rows(target)
+        if count != expected:
+            raise AssertionError(f"tidemark ingest as a process wrote {count} rows, expected {expected}")
+        seconds, peak = process_run([sys.executable, "-c", SESSION_ONLY], work)
+        out["session_only"].append(seconds)
+        out["session_only_peak_rss"].append(peak)
+        print(f"process run {run + 1}: ingest {out['process'][-1]:.1f}s (peak {out['process_peak_rss'][-1] / 2**30:.2f}"
+              f" GiB), session start+stop {seconds:.1f}s", flush=True)
+        shutil.rmtree(target, ignore_errors=True)
+    return out
+
+
+def _delta_rows(path: Path) -> int:
+    from deltalake import DeltaTable
+
+    return DeltaTable(str(path)).to_pyarrow_dataset().count_rows()
+
+
 def verify(spark: Any, target: Path, expected: int) -> None:
     """Exactly the committed records, each once: count and distinct (partition, offset) agree."""
     df = spark.read.format("delta").load(str(target))
@@ -135,7 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer-read-tuning", action="store_true",
                         help="give Structured Streaming Tidemark's Kafka fetch settings "
                              "(pipelines.transform.BULK_READ_OPTIONS) as well")
-    parser.add_argument("--output", help="also write the markdown report to this file")
+    parser.add_argument("--process-runs", type=int, default=2,
+                        help="cold `tidemark ingest` processes (and session-only processes) timed after the reps")
+    report_arguments(parser)
     args = parser.parse_args(argv)
     if args.peer_read_tuning:
         from pipelines.transform import BULK_READ_OPTIONS
@@ -152,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     load_before = loadavg()
     settings = load_settings()
     work = Path(tempfile.mkdtemp(prefix="tidemark-ingest-bench-"))
-    contenders = {"tidemark": run_tidemark, "structured-streaming": run_structured_streaming}
+    contenders = {"tidemark": run_tidemark, "structured-streaming": run_structured_streaming,
+                  "read-only": run_read_only, "write-only": run_write_only}
     times: dict[str, list[float]] = {name: [] for name in contenders}
     batches: dict[str, list[int]] = {name: [] for name in contenders}
     try:
@@ -171,8 +270,11 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 # Warm-up, untimed: JVM, Kafka client classes and the broker's page cache.
                 run_tidemark(spark, bootstrap, topic, work / "warmup")
+                WRITE_SOURCE.append(work / "warmup")
+                names = list(contenders)
                 for rep in range(args.reps):
-                    order = list(contenders) if rep % 2 == 0 else list(reversed(contenders))
+                    order = names[rep % len(names):] + names[:rep % len(names)]
+                    order = order if rep % 2 == 0 else list(reversed(order))
                     for name in order:
                         target = work / f"{name}-{rep}"
                         t0 = time.perf_counter()
@@ -180,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
                         elapsed = time.perf_counter() - t0
                         if rows != args.records:
                             raise AssertionError(f"{name}: {rows} rows, expected {args.records}")
-                        verify(spark, target, args.records)
+                        if name != "read-only":
+                            verify(spark, target, args.records)
                         times[name].append(elapsed)
                         batches[name].append(n_batches)
                         print(f"rep {rep + 1} {name}: {elapsed:.1f}s, {args.records / elapsed:,.0f} records/s, "
@@ -190,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
                 vers = versions(settings)
             finally:
                 spark.stop()
+            process = whole_process(bootstrap, topic, work, args.process_runs, args.records)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -214,8 +318,33 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {name} | {med[name]:.1f} | {args.records / med[name]:,.0f} | "
                      f"{statistics.median(batches[name]):.0f} | {runs} |")
     ratio = med["structured-streaming"] / med["tidemark"]
-    lines += ["", f"**Tidemark throughput / Structured Streaming throughput = {ratio:.2f}×** (median times)."]
+    limit = max(med["read-only"], med["write-only"])
+    ratio_limit = limit / med["tidemark"]
+    pmed = {k: statistics.median(v) for k, v in process.items()}
+    lines += ["", f"**Tidemark throughput / Structured Streaming throughput = {ratio:.2f}×** (median times).",
+              (f"**Tidemark / the limit (the slower of read-only and write-only, {limit:.1f} s) = "
+               f"{ratio_limit:.2f}×**; vs read-only {med['read-only'] / med['tidemark']:.2f}×, vs write-only "
+               f"{med['write-only'] / med['tidemark']:.2f}×."), "",
+              f"Whole process, cold (medians of {args.process_runs}):", "",
+              "| process | median s | all runs (s) | peak RSS of its largest process |", "|---|---:|---|---:|",
+              (f"| `tidemark ingest bench` | {pmed['process']:.1f} | "
+               f"{', '.join(f'{t:.1f}' for t in process['process'])} | {pmed['process_peak_rss'] / 2**30:.2f} GiB |"),
+              (f"| session start + stop only | {pmed['session_only']:.1f} | "
+               f"{', '.join(f'{t:.1f}' for t in process['session_only'])} | "
+               f"{pmed['session_only_peak_rss'] / 2**30:.2f} GiB |"), "",
+              (f"Of the process's {pmed['process']:.1f} s: {pmed['session_only']:.1f} s Python imports, JVM, jars and "
+               f"session; {med['tidemark']:.1f} s the ingest as measured in process (warm session); "
+               f"{pmed['process'] - pmed['session_only'] - med['tidemark']:.1f} s the rest (first Delta snapshot and "
+               f"Kafka metadata on a cold JVM, class loading, JIT warm-up).")]
     emit(lines, args.output)
+    emit_json({"benchmark": "ingest_bench", "records": args.records, "value_bytes": args.value_bytes,
+               "txn_size": args.txn_size, "reps": args.reps, "g3": args.g3,
+               "peer_read_tuning": args.peer_read_tuning, "seconds": times, "median_seconds": med,
+               "ratio_vs_structured_streaming": ratio, "ratio_vs_limit": ratio_limit,
+               "ratio_vs_read_only": med["read-only"] / med["tidemark"],
+               "ratio_vs_write_only": med["write-only"] / med["tidemark"],
+               "whole_process_seconds": pmed["process"], "session_only_seconds": pmed["session_only"],
+               "process_runs": process, "peak_rss_bytes": pmed["process_peak_rss"]}, args.json, png=args.png)
     return 0
 
 

@@ -108,7 +108,23 @@ def history_day(data: dict[str, Any]) -> Figure:
                             "after": [data["after"][r]["files"] for r in roles]}, "files")
 
 
+def ingest(data: dict[str, Any]) -> Figure:
+    med = data["median_seconds"]
+    names = [n for n in ("tidemark", "structured-streaming", "read-only", "write-only") if n in med]
+    return _grouped(f"Ingest of {data['records']:,} records, G3 {data['g3']} (vs Structured Streaming "
+                    f"{data['ratio_vs_structured_streaming']:.2f}×, vs the limit {data['ratio_vs_limit']:.2f}×)",
+                    ["throughput"], {n: [data["records"] / med[n]] for n in names}, "records/s")
+
+
+def history_properties(data: dict[str, Any]) -> Figure:
+    summary = data["summary"]
+    return _grouped(f"Table properties: seconds per {data['records']:,}-record batch ({data['batches']} batches)",
+                    ["mean", "p95", "max"], {n: [s["mean"], s["p95"], s["max"]] for n, s in summary.items()},
+                    "seconds")
+
+
 CHARTS: dict[str, Callable[[dict[str, Any]], Figure]] = {
+    "ingest_bench": ingest, "history_properties": history_properties,
     "relay_bench": relay, "g3_bench": g3, "freshness_bench": freshness, "position_bench": position,
     "status_bench": status, "history_bench": history, "history_day": history_day,
 }

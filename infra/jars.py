@@ -138,7 +138,7 @@ def main() -> int:
         print(f"{profile}: {len(jar_set.jars)} jars in {jar_set.directory}")
     from infra import udfs
 
-    print(f"functions: {udfs.build(home)}")
+    print(f"Tidemark's Spark classes: {udfs.build(home)}")
     return 0
 
 

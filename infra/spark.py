@@ -73,15 +73,20 @@ def _log4j2() -> Path:
     return path
 
 
-def build_session(settings: Settings, app_name: str = "tidemark", *, warehouse: Path | None = None) -> SparkSession:
-    """A SparkSession with Delta Lake and the Kafka source ready to use."""
+def build_session(settings: Settings, app_name: str = "tidemark", *, warehouse: Path | None = None,
+                  without: tuple[str, ...] = ()) -> SparkSession:
+    """A SparkSession with Delta Lake and the Kafka source ready to use.
+
+    ``without`` leaves those of Tidemark's settings out (benchmarks measuring what one buys).
+    """
     from pyspark.sql import SparkSession
 
     if settings.spark.master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.appName(app_name)
     for key, value in spark_conf(settings, warehouse=warehouse).items():
-        builder = builder.config(key, value)
+        if key not in without:
+            builder = builder.config(key, value)
     with jvm_stdout_to_log():  # the driver JVM starts here and keeps this stdout
         session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")

@@ -2,10 +2,10 @@
 
 A pipeline that commits every few seconds adds a small file and a version to its target,
 its ledger and (with bad records) its quarantine per batch. This keeps the files few and
-the deleted ones within the time-travel promise. It does not yet bound the other thing
-that grows: the commit files in ``_delta_log``, which Delta lists on every snapshot update
-of a local or HDFS table and is what makes a batch at 10,000 versions ~1.5x slower
-(docs/benchmarks.md, "Per-batch cost vs history"). Per table, in this order:
+the deleted ones within the time-travel promise. The other thing that grows, the commit
+files in ``_delta_log``, must stay for time travel; what keeps it from slowing each batch
+is the session's log store, which lists the log without walking all of it (infra/java,
+docs/design.md "Months of history"). Per table, in this order:
 
 1. **Compact.** ``OPTIMIZE``: small files bin-packed into large ones (the target
    clustered by ``maintenance.zorder_by`` if set; the ledger by ``batch_id``, so a
