@@ -40,7 +40,7 @@ ledger; docs/design.md has the table of every crash point between them):
    the ledger as the batch's revision (which every later read of the ledger, a replay
    included, takes instead), and step 4 runs again with it.
 5. **Quarantine.** Append the batch's bad records to the quarantine table with the same
-   ``(txnAppId, txnVersion)``. Only a batch with bad records is read from Kafka a
+   ``(txnAppId, txnVersion)`` (confirmed like step 4's, by its ``Observation``). Only a batch with bad records is read from Kafka a
    second time; a batch without any writes nothing there. Either way the batch is then
    recorded as settled in a small marker file beside the ledger (``_tidemark_settled/``,
    naming the exact intent). The marker is only a hint: without it, step 1 finds the
@@ -358,6 +358,9 @@ class CommitProtocol:
 
     def _quarantine(self, intent: Intent, frames: BatchFrames, *, bad_count: int | None) -> int:
         """Step 5. ``bad_count`` None means unknown (a recovery): the batch is read again to count."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
         if bad_count == 0:
             return 0  # nothing to write; the settled marker records the batch
         bad = frames.bad(frames.records)
@@ -368,7 +371,10 @@ class CommitProtocol:
                 bad_count = bad.count()
             if bad_count == 0:
                 return 0  # as above: no quarantine table for a pipeline without bad records
-            landed = self._append(bad, self.quarantine, intent, partition_by=())
+            # Its Observation completing proves the append ran, as step 4's does: no history read.
+            seen = Observation(f"tidemark-quarantine-{self.pipeline}-{intent.batch_id}-{uuid.uuid4().hex[:8]}")
+            landed = self._append(bad.observe(seen, F.count(F.lit(1)).alias("rows")), self.quarantine, intent,
+                                  partition_by=(), observation=seen)
         finally:
             bad.unpersist()
         return bad_count if landed else 0
