@@ -41,7 +41,7 @@ def test_local_log_store_lists_what_delta_lists_and_is_the_one_delta_uses(spark,
     from infra.spark import LOG_STORE
 
     jvm = spark._jvm
-    table = tmp_path / "t"
+    table = tmp_path / "a table"  # a space: the directory is found from the path's URI
     for i in range(12):  # a checkpoint at 10, Delta's checksums, Hadoop's hidden .crc files
         spark.range(i, i + 1).write.format("delta").mode("append").save(str(table))
     log = table / "_delta_log"
