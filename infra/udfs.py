@@ -7,8 +7,8 @@ docs/benchmarks.md), the relay's per-topic event counts in G3's column
 (``tidemark_topic_count``: the relay's own compact form read directly, anything else
 left to ``from_json``), and Delta's log store for local paths
 (``io.tidemark.delta.LocalListingLogStore``: lists ``_delta_log`` by name before asking
-for any file's status, so a snapshot update does not cost more as the log grows; see
-docs/design.md, "Months of history"). The jar is keyed by a hash of the sources, built
+for the status of the few it returns: 0.03 s instead of 0.45 s a snapshot update at
+10,000 commits; see docs/design.md, "Months of history"). The jar is keyed by a hash of the sources, built
 with the JDK's ``javac`` and ``jar`` against pyspark's and delta-storage's jars, so it
 needs no network.
 """
