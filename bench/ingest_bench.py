@@ -152,8 +152,10 @@ def process_run(command: list[str], cwd: Path) -> tuple[float, int]:
 
     import psutil
 
+    output = cwd / f"process-{uuid.uuid4().hex[:8]}.log"  # a file, not a pipe nobody drains while it runs
     started = time.perf_counter()
-    proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    with output.open("wb") as sink:
+        proc = subprocess.Popen(command, cwd=cwd, stdout=sink, stderr=subprocess.STDOUT)
     peak = 0
     root = psutil.Process(proc.pid)
     while proc.poll() is None:
@@ -164,8 +166,8 @@ def process_run(command: list[str], cwd: Path) -> tuple[float, int]:
             pass
         time.sleep(0.1)
     elapsed = time.perf_counter() - started
-    out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
     if proc.returncode != 0:
+        out = output.read_text(errors="replace")
         raise RuntimeError(f"{' '.join(command)} exited {proc.returncode}:\n{out[-3000:]}")
     return elapsed, peak
 

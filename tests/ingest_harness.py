@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -159,11 +160,17 @@ def delta_versions(table: Path) -> int:
     return sum(1 for f in log.glob("*.json") if f.stem.isdigit()) if log.is_dir() else 0
 
 
+def wait_while_running(done: Callable[[], bool], proc: subprocess.Popen[Any], log: Path, what: str,
+                       timeout: float, interval: float) -> None:
+    """Until ``done()``, failing if the ingest ``proc`` (output in ``log``) exits or ``timeout`` passes first."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert proc.poll() is None, f"ingest exited {proc.returncode}: {log.read_text()[-2000:]}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f}s: {log.read_text()[-2000:]}"
+        time.sleep(interval)
+
+
 def wait_for_new_version(table: Path, before: int, proc: subprocess.Popen[Any], log: Path,
                          timeout: float = 180) -> None:
     """Until ``table`` has more than ``before`` versions, while the ingest ``proc`` (output in ``log``) runs."""
-    deadline = time.monotonic() + timeout
-    while delta_versions(table) <= before:
-        assert proc.poll() is None, f"ingest exited {proc.returncode}: {log.read_text()[-2000:]}"
-        assert time.monotonic() < deadline, f"no commit within {timeout:.0f}s: {log.read_text()[-2000:]}"
-        time.sleep(0.2)
+    wait_while_running(lambda: delta_versions(table) > before, proc, log, "commit", timeout, 0.2)

@@ -33,6 +33,7 @@ from tests.ingest_harness import (
     process_env,
     run_ingest,
     target_commits_per_batch,
+    wait_while_running,
 )
 
 pytestmark = pytest.mark.slow
@@ -47,11 +48,7 @@ def _newest(ledger: Ledger) -> int:
 
 def _wait_for_claim(ledger: Ledger, before: int, proc: subprocess.Popen[bytes], log: Path,
                     timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while _newest(ledger) <= before:
-        assert proc.poll() is None, f"ingest exited early: {log.read_text()[-2000:]}"
-        assert time.monotonic() < deadline, f"no batch claimed within {timeout:.0f}s: {log.read_text()[-2000:]}"
-        time.sleep(0.5)
+    wait_while_running(lambda: _newest(ledger) > before, proc, log, "batch claimed", timeout, 0.5)
 
 
 @pytest.mark.timeout(1800)
