@@ -9,6 +9,7 @@ picks a non-loopback address), few shuffle partitions, no UI.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -74,17 +75,18 @@ def _log4j2() -> Path:
 
 
 def build_session(settings: Settings, app_name: str = "tidemark", *, warehouse: Path | None = None,
-                  without: tuple[str, ...] = ()) -> SparkSession:
+                  without: tuple[str, ...] = (), extra: Mapping[str, str] | None = None) -> SparkSession:
     """A SparkSession with Delta Lake and the Kafka source ready to use.
 
-    ``without`` leaves those of Tidemark's settings out (benchmarks measuring what one buys).
+    ``without`` leaves those of Tidemark's settings out (benchmarks measuring what one buys);
+    ``extra`` adds or overrides settings (the warm driver's fair scheduling).
     """
     from pyspark.sql import SparkSession
 
     if settings.spark.master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.appName(app_name)
-    for key, value in spark_conf(settings, warehouse=warehouse).items():
+    for key, value in {**spark_conf(settings, warehouse=warehouse), **(extra or {})}.items():
         if key not in without:
             builder = builder.config(key, value)
     with jvm_stdout_to_log():  # the driver JVM starts here and keeps this stdout

@@ -204,10 +204,26 @@ def _completes(observation: Observation, timeout: float) -> bool:
     return True
 
 
-def _crash_point(name: str) -> None:
-    """Fault injection for the crash tests: SIGKILL ourselves at a named step."""
+class InjectedFault(Exception):
+    """A failure the tests asked for with ``TIDEMARK_RAISE_AT`` (never set in production)."""
+
+
+_raised: set[str] = set()
+
+
+def _crash_point(name: str, pipeline: str) -> None:
+    """Fault injection for the crash tests, at a named step.
+
+    ``TIDEMARK_CRASH_AT=<step>`` SIGKILLs the process; ``TIDEMARK_RAISE_AT=<step>:<pipeline>``
+    raises :class:`InjectedFault` there, once per process: a run that fails inside a
+    long-lived process (serve's warm driver) while the process goes on.
+    """
     if os.environ.get("TIDEMARK_CRASH_AT") == name:
         os.kill(os.getpid(), signal.SIGKILL)
+    point = f"{name}:{pipeline}"
+    if os.environ.get("TIDEMARK_RAISE_AT") == point and point not in _raised:
+        _raised.add(point)
+        raise InjectedFault(f"injected failure at step {name!r} of pipeline {pipeline!r} (TIDEMARK_RAISE_AT)")
 
 
 class CommitProtocol:
@@ -231,6 +247,13 @@ class CommitProtocol:
         self._settled: Intent | None = None
         """The newest batch this process knows is committed and settled (skips step 1's reads)."""
         self.settled_marker = f"{ledger.rstrip('/')}/_tidemark_settled/{pipeline}.json"
+        self.on_step: Callable[[str], None] | None = None
+        """Told each named step as it is reached (the crash points' names): timing, never control."""
+
+    def _reached(self, step: str) -> None:
+        if self.on_step is not None:
+            self.on_step(step)
+        _crash_point(step, self.pipeline)
 
     # -- what the tables record -------------------------------------------------------
 
@@ -320,7 +343,7 @@ class CommitProtocol:
             if not step.guarded or GUARD_TRIPPED not in str(error):
                 raise
             return self._write(self._revision(intent, error), replayed=replayed)
-        _crash_point("committed")
+        self._reached("committed")
         # A skipped append runs no job, so its observations would never complete.
         if landed:
             rows = int(step.kept.get["rows"])
@@ -349,7 +372,7 @@ class CommitProtocol:
             ours = _completes(seen, OBSERVATION_WAIT_SECONDS)  # ran its job and returned: committed
         except _DELTA_CONFLICTS:
             ours = False  # a rival's replay revised it first (the same revision: the scan is deterministic)
-        _crash_point("revised")
+        self._reached("revised")
         stored = revised if ours else self.ledger.get(intent.batch_id)
         if stored is None or stored.guarded:
             raise TransientError(f"batch {intent.batch_id}: its revision is not in the ledger {self.ledger.path} "
@@ -432,7 +455,7 @@ class CommitProtocol:
         """
         # Step 1. Recover.
         last, replay = self.recover()
-        _crash_point("recovered")
+        self._reached("recovered")
 
         # Step 2. Plan N+1.
         previous = last.ends() if last else {}
@@ -447,7 +470,7 @@ class CommitProtocol:
         intent = self._plan(next_id, last, bounds, starts, max_offsets, max_bytes, weights)
         if intent.is_empty and set(bounds) <= set(previous) and not intent.starts_waiting(last):
             return replay, None
-        _crash_point("planned")
+        self._reached("planned")
 
         return replay, self._claim_and_write(intent)
 
@@ -495,7 +518,7 @@ class CommitProtocol:
         an id the target already holds is skipped, which makes a re-run resume.
         """
         last, replay = self.recover()
-        _crash_point("recovered")
+        self._reached("recovered")
         if last is not None and planned.batch_id <= last.batch_id:
             return replay, None
         return replay, self._claim_and_write(replace(planned, writer=self.writer_id))
@@ -523,10 +546,10 @@ class CommitProtocol:
             raise ConcurrentWriterError(
                 f"pipeline {self.pipeline!r}: batch {intent.batch_id} was claimed by another run "
                 f"(writer {owner.writer[:8] if owner else '?'}); only one ingest per pipeline may run")
-        _crash_point("claimed")
+        self._reached("claimed")
 
         # Steps 4 and 5. Commit rows and offsets together, then settle the quarantine.
         result = self._write(intent, replayed=False, prepared=step)
         self._mark_settled(result.intent)
-        _crash_point("quarantined")
+        self._reached("quarantined")
         return result

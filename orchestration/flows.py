@@ -10,8 +10,10 @@ with the delay doubling per attempt. Every run publishes a report artifact (rows
 offsets advanced, lag, quality verdict) under a stable key per pipeline, so the Prefect
 UI shows each pipeline's history as one artifact timeline.
 
-Spark starts once per process: a served run is its own process, while a caller that
-runs flows in a loop (``make demo``) reuses the session.
+The Spark work itself is :mod:`orchestration.jobs`. Under ``tidemark serve`` it runs in
+serve's warm driver (:mod:`orchestration.driver`), so a served run starts no JVM;
+elsewhere Spark starts once per process, and a caller that runs flows in a loop
+(``make demo``) reuses the session.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from uuid import UUID
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -79,22 +81,30 @@ def _with_retries(fn: Any, ctx: PipelineContext) -> Any:
 # -- ingest -------------------------------------------------------------------------
 
 
+def _job(kind: str, **kwargs: Any) -> dict[str, Any]:
+    """Job ``kind`` in serve's warm driver when this run has one, else on this process's session."""
+    from orchestration import driver, jobs
+
+    result = driver.run(kind, **kwargs)
+    return result if result is not None else jobs.JOBS[kind](spark_session(), **kwargs)
+
+
 @task(name="ingest-batches")
 def _ingest(config: str, pipeline: str) -> dict[str, Any]:
-    from offsets.lag import partition_lags
-    from offsets.ledger import Ledger
-    from pipelines.ingest import IngestJob
+    return _job("ingest", config=config, pipeline=pipeline)
 
-    ctx = pipeline_context(config, pipeline)
-    report = IngestJob(spark_session(), ctx.config, ctx.pipeline, ctx.bootstrap).run_bounded()
-    advanced = sum(r.span for b in report.batches if not b.replayed for r in b.intent.ranges)
-    last = Ledger(spark_session(), ctx.pipeline.ledger_path, pipeline).last()
-    lags = partition_lags(ctx.client_config, ctx.pipeline, last.ends() if last else {})
-    return {"batches": len(report.batches), "rows": report.rows, "quarantined": report.quarantined,
-            "offsets_advanced": advanced, "held_transactions": sum(b.intent.held for b in report.batches),
-            "lag": sum(x.lag for x in lags),
-            "partitions": [{"topic": x.topic, "partition": x.partition, "next_offset": x.next_offset,
-                            "lso": x.lso, "lag": x.lag} for x in lags]}
+
+def _seconds_before_fetching(fetching_at: float | None) -> float | None:
+    """From this flow run's start (Prefect's record) to its first batch's planning (jobs.ingest)."""
+    from prefect import get_client
+    from prefect.runtime import flow_run
+
+    run_id = flow_run.get_id()
+    if fetching_at is None or run_id is None:
+        return None
+    with get_client(sync_client=True) as client:
+        started = client.read_flow_run(UUID(run_id)).start_time
+    return None if started is None else round(fetching_at - started.timestamp(), 3)
 
 
 @flow(name="tidemark-ingest", flow_run_name="ingest-{pipeline}")
@@ -104,17 +114,18 @@ def ingest_flow(pipeline: str, config: str = "tidemark.yaml") -> dict[str, Any]:
     with pipeline_slot(pipeline, wait_seconds=ctx.pipeline.schedule.wait_for_slot_seconds) as slot:
         get_run_logger().info("holding the slot of pipeline %s (waited %.1fs)", pipeline, slot.waited_seconds)
         result = _with_retries(_ingest, ctx)(config, pipeline)
-    result.update(slot=slot.as_dict())
+    result.update(slot=slot.as_dict(), seconds_before_fetching=_seconds_before_fetching(result["fetching_at"]))
     quality = _last_verdict(pipeline)
     create_table_artifact(
         key=_artifact_key("ingest", pipeline),
         table=[{"batches": result["batches"], "rows": result["rows"], "quarantined": result["quarantined"],
                 "offsets advanced": result["offsets_advanced"], "txns held": result["held_transactions"],
-                "lag (offsets)": result["lag"],
+                "lag (offsets)": result["lag"], "s before first fetch": result["seconds_before_fetching"],
                 "last quality verdict": quality}],
         description=f"ingest of {pipeline} into {ctx.pipeline.target}")
-    get_run_logger().info("%s: %d batch(es), %d rows, %s offsets advanced, lag %s", pipeline,
-                          result["batches"], result["rows"], result["offsets_advanced"], result["lag"])
+    get_run_logger().info("%s: %d batch(es), %d rows, %s offsets advanced, lag %s; fetching %ss after the run "
+                          "started", pipeline, result["batches"], result["rows"], result["offsets_advanced"],
+                          result["lag"], result["seconds_before_fetching"])
     return result
 
 
@@ -133,20 +144,8 @@ def _last_verdict(pipeline: str) -> str:
 @task(name="backfill")
 def _backfill(config: str, pipeline: str, into: str, batches: str | None, from_offsets: str | None,
               from_timestamp: str | None) -> dict[str, Any]:
-    from pipelines.backfill import Backfill, parse_batches, parse_offsets
-    from tidemark.config import TimestampStart
-
-    ctx = pipeline_context(config, pipeline)
-    backfill = Backfill(spark_session(), ctx.config, ctx.pipeline, ctx.bootstrap, into)
-    if batches:
-        report = backfill.stored_batches(*parse_batches(batches))
-    elif from_offsets:
-        report = backfill.from_offsets(parse_offsets(from_offsets))
-    elif from_timestamp:
-        report = backfill.from_timestamp(TimestampStart.model_validate({"timestamp": from_timestamp}).timestamp)
-    else:
-        raise TerminalError("backfill needs one of batches, from_offsets or from_timestamp")
-    return {"batches": len(report.batches), "rows": report.rows, "quarantined": report.quarantined}
+    return _job("backfill", config=config, pipeline=pipeline, into=into, batches=batches,
+                from_offsets=from_offsets, from_timestamp=from_timestamp)
 
 
 @flow(name="tidemark-backfill", flow_run_name="backfill-{pipeline}")
@@ -167,10 +166,7 @@ def backfill_flow(pipeline: str, into: str, config: str = "tidemark.yaml", batch
 
 @task(name="compact-and-vacuum")
 def _maintain(config: str, pipeline: str) -> dict[str, Any]:
-    from pipelines.maintain import maintain
-
-    ctx = pipeline_context(config, pipeline)
-    return maintain(spark_session(), ctx.pipeline).to_dict()
+    return _job("maintain", config=config, pipeline=pipeline)
 
 
 @flow(name="tidemark-maintain", flow_run_name="maintain-{pipeline}")
@@ -194,14 +190,7 @@ def maintain_flow(pipeline: str, config: str = "tidemark.yaml") -> dict[str, Any
 
 @task(name="quality-checks")
 def _audit(config: str, pipeline: str, docs: str | None) -> dict[str, Any]:
-    from quality.audit import audit
-
-    ctx = pipeline_context(config, pipeline)
-    report = audit(spark_session(), ctx.pipeline, kafka_options=ctx.spark_options,
-                   client_config=ctx.client_config, docs_dir=Path(docs) if docs else settings().home_dir / "quality")
-    return {"passed": report.passed, "docs": str(report.docs),
-            "verdicts": [{"suite": v.suite, "check": v.check, "verdict": "PASS" if v.passed else "FAIL",
-                          "observed": v.observed} for v in report.verdicts]}
+    return _job("audit", config=config, pipeline=pipeline, docs=docs)
 
 
 @flow(name="tidemark-audit", flow_run_name="audit-{pipeline}")

@@ -9,6 +9,10 @@ still going is dropped, not queued, so a slow run never builds a backlog. With
 ``--relay``, a ``relay`` deployment supervises the outbox relay and one run of it is
 started as soon as the deployments exist.
 
+Every run's Spark work goes to serve's warm driver (:mod:`orchestration.driver`): one
+Spark session, started with serve, instead of a JVM per run; ``warm_driver=False``
+(``tidemark serve --no-warm-driver``) gives each run its own, as before.
+
 Schedules need a Prefect server: Prefect's ephemeral API runs no scheduler service.
 Without ``PREFECT_API_URL`` the embedded stack's Prefect server is used (``tidemark
 stack up --prefect`` starts it; ``serve`` starts it if needed).
@@ -78,12 +82,26 @@ def _start_relay_when_deployed(deadline_seconds: float = 300) -> None:
     log.error("the relay deployment never appeared; start it with `prefect deployment run tidemark-relay/relay`")
 
 
-def serve_all(config: TidemarkConfig, config_path: Path, *, relay: bool = False) -> None:
+def _driver_session() -> Any:
+    from infra.spark import build_session
+    from orchestration.driver import FAIR
+    from tidemark.settings import settings
+
+    return build_session(settings(), "tidemark-serve", extra=FAIR)
+
+
+def serve_all(config: TidemarkConfig, config_path: Path, *, relay: bool = False, warm_driver: bool = True) -> None:
     """Serve until SIGTERM/SIGINT; Prefect pauses the schedules on the way out."""
     from prefect import serve
+
+    from orchestration.driver import DriverService
 
     for p in config.pipelines:
         ensure_limit(limit_name(p.name))
     if relay:
         threading.Thread(target=_start_relay_when_deployed, daemon=True, name="start-relay").start()
-    serve(*deployments(config, config_path, relay=relay))
+    if not (warm_driver and config.pipelines):
+        serve(*deployments(config, config_path, relay=relay))
+        return
+    with DriverService(_driver_session):  # before serve: its flow-run processes inherit the environment
+        serve(*deployments(config, config_path, relay=relay))

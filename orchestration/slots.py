@@ -24,6 +24,10 @@ from tidemark.errors import TransientError
 
 LIMIT_PREFIX = "tidemark-pipeline-"
 
+LEASE_SECONDS = 60.0
+"""A held slot's lease (the server's minimum), renewed every 45 s while its run lives: a killed
+run frees it within this plus the server's reaping interval (15 s), not Prefect's default 300 s."""
+
 
 class SlotBusyError(TransientError):
     """Another run of the pipeline held its slot for longer than this run would wait."""
@@ -65,7 +69,8 @@ def pipeline_slot(pipeline: str, *, wait_seconds: float) -> Iterator[Slot]:
     ensure_limit(slot.name)
     asked = time.time()
     try:
-        with concurrency(slot.name, occupy=1, strict=True, timeout_seconds=wait_seconds):
+        with concurrency(slot.name, occupy=1, strict=True, timeout_seconds=wait_seconds,
+                         lease_duration=LEASE_SECONDS):
             slot.acquired_at = time.time()
             slot.waited_seconds = slot.acquired_at - asked
             try:

@@ -77,6 +77,19 @@ def _release_replication_slots() -> Iterator[None]:
     release_slots()
 
 
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real Prefect server (API and its services: schedules, lease reaping), shared by the session."""
+    from infra.prefect_server import EmbeddedPrefect
+    from infra.process import free_port
+
+    server = EmbeddedPrefect(tmp_path_factory.mktemp("prefect"), port=free_port())
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
 @pytest.fixture
 def delta_path(tmp_path: Path) -> str:
     return str(tmp_path / "table")

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,6 +30,15 @@ def prefect_env(api_url: str, home: Path) -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if k != "TIDEMARK_CRASH_AT"},
             "PREFECT_API_URL": api_url, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             "PREFECT_LOGGING_LEVEL": "INFO"}
+
+
+def wait_for_line(log: Path, text: str, proc: subprocess.Popen[bytes], timeout: float = 300) -> None:
+    """Until ``log`` holds ``text``, failing if ``proc`` (writing it) exits or ``timeout`` passes first."""
+    deadline = time.monotonic() + timeout
+    while text not in log.read_text(errors="replace"):
+        assert proc.poll() is None, f"process exited {proc.returncode}:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no {text!r} within {timeout:.0f}s:\n{log.read_text()[-3000:]}"
+        time.sleep(0.2)
 
 
 def start_flow(flow: str, kwargs: dict[str, Any], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:

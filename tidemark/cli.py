@@ -438,7 +438,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     where = server.ui_url if server else os.environ["PREFECT_API_URL"]
     print(f"serving {len(config.pipelines)} pipeline(s){' and the relay' if args.relay else ''}; "
           f"Prefect UI {where}; stop with Ctrl-C or SIGTERM", flush=True)
-    serve_all(config, Path(args.config), relay=args.relay)
+    serve_all(config, Path(args.config), relay=args.relay, warm_driver=args.warm_driver)
     return 0
 
 
@@ -608,6 +608,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", default="tidemark.yaml")
     serve.add_argument("--relay", action="store_true", help="also supervise the outbox relay "
                                                             "(restarted with backoff on crash)")
+    serve.add_argument("--no-warm-driver", dest="warm_driver", action="store_false",
+                       help="start a Spark driver per run instead of running every run in serve's own warm one")
     _metrics_arguments(serve)
     serve.set_defaults(func=cmd_serve)
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,21 +21,10 @@ from tests.orchestration_harness import (
     prefect_env,
     start_flow,
     task_run_counts,
+    wait_for_line,
 )
 
 pytestmark = pytest.mark.timeout(900)
-
-
-@pytest.fixture(scope="module")
-def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from infra.prefect_server import EmbeddedPrefect
-    from infra.process import free_port
-
-    server = EmbeddedPrefect(tmp_path_factory.mktemp("prefect"), port=free_port())
-    try:
-        yield server.start()
-    finally:
-        server.stop()
 
 
 def _produce(bootstrap: str, topic: str, transactions: int = 3, size: int = 40) -> None:
@@ -45,14 +32,6 @@ def _produce(bootstrap: str, topic: str, transactions: int = 3, size: int = 40) 
     for t in range(transactions):
         write_transaction(producer, topic, [f'{{"id": {t * size + i}, "note": "n"}}'.encode() for i in range(size)],
                           commit=True)
-
-
-def _wait_for_line(log: Path, text: str, proc: subprocess.Popen[bytes], timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while text not in log.read_text(errors="replace"):
-        assert proc.poll() is None, f"flow process exited {proc.returncode}:\n{log.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"no {text!r} within {timeout:.0f}s:\n{log.read_text()[-3000:]}"
-        time.sleep(0.2)
 
 
 def test_a_second_run_of_a_pipeline_waits_and_a_third_is_refused(
@@ -66,7 +45,7 @@ def test_a_second_run_of_a_pipeline_waits_and_a_third_is_refused(
     env = prefect_env(prefect_api, tmp_path / "prefect-home")
     logs = [tmp_path / f"run-{i}.log" for i in range(3)]
     first = start_flow("ingest_flow", {"pipeline": "pair", "config": str(patient)}, env, logs[0])
-    _wait_for_line(logs[0], "holding the slot of pipeline pair", first)
+    wait_for_line(logs[0], "holding the slot of pipeline pair", first)
     # While the first holds the slot (its Spark start and ingest take seconds), two rivals ask.
     second = start_flow("ingest_flow", {"pipeline": "pair", "config": str(patient)}, env, logs[1])
     third = start_flow("ingest_flow", {"pipeline": "pair", "config": str(impatient)}, env, logs[2])
@@ -97,7 +76,7 @@ def test_a_transient_failure_is_retried_and_a_terminal_one_is_not(
                               name="flaky", schedule={"retries": 2, "retry_delay_seconds": 15})
         log = tmp_path / "transient.log"
         proc = start_flow("ingest_flow", {"pipeline": "flaky", "config": str(config)}, env, log)
-        _wait_for_line(log, "Retry 1/2 will start", proc)
+        wait_for_line(log, "Retry 1/2 will start", proc)
         open_proxy.set()  # the broker is back before the retry
         proc.wait(600)
     outcome = flow_outcome(log)
@@ -144,7 +123,7 @@ def test_a_served_schedule_runs_a_real_ingest(
                                  env=prefect_env(prefect_api, tmp_path / "prefect-home"), stdout=out,
                                  stderr=subprocess.STDOUT)
     try:
-        _wait_for_line(log, "served: 1 batch(es), 120 rows", serve, timeout=400)
+        wait_for_line(log, "served: 1 batch(es), 120 rows", serve, timeout=400)
         # The maintenance deployment (hourly) runs beside the 5-second ingest schedule, in its own slot.
         from prefect.deployments import run_deployment
 
