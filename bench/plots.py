@@ -123,8 +123,16 @@ def history_properties(data: dict[str, Any]) -> Figure:
                     "seconds")
 
 
+def serve(data: dict[str, Any]) -> Figure:
+    modes = data["modes"]
+    runs = min(len(m["seconds_before_fetching"]) for m in modes.values())
+    return _grouped(f"Served runs: seconds from the run's start to its first fetch (cold/warm "
+                    f"{data['ratio_cold_vs_warm']:.1f}× on runs 2+)", [f"run {i + 1}" for i in range(runs)],
+                    {mode: m["seconds_before_fetching"][:runs] for mode, m in modes.items()}, "seconds")
+
+
 CHARTS: dict[str, Callable[[dict[str, Any]], Figure]] = {
-    "ingest_bench": ingest, "history_properties": history_properties,
+    "ingest_bench": ingest, "serve_bench": serve, "history_properties": history_properties,
     "relay_bench": relay, "g3_bench": g3, "freshness_bench": freshness, "position_bench": position,
     "status_bench": status, "history_bench": history, "history_day": history_day,
 }

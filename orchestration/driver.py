@@ -42,6 +42,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Mapping
+from functools import partial
 from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
@@ -51,6 +52,8 @@ from tidemark.errors import TerminalError, TransientError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from offsets.protocol import BatchResult
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +97,11 @@ def _portable(exc: BaseException) -> BaseException:
 class DriverService:
     """One warm SparkSession serving jobs over an authenticated Unix socket (module docstring)."""
 
-    def __init__(self, session: Callable[[], SparkSession]) -> None:
+    def __init__(self, session: Callable[[], SparkSession],
+                 on_batch: Callable[[str, BatchResult, float], None] | None = None) -> None:
+        """``on_batch(pipeline, result, seconds)`` is told each batch an ingest commits (serve's metrics)."""
         self._session_factory = session
+        self._on_batch = on_batch
         self._session: SparkSession | None = None
         self._ready = threading.Event()
         self._failed: BaseException | None = None
@@ -203,8 +209,9 @@ class DriverService:
             sc = spark.sparkContext
             sc.setJobGroup(group, f"{kind} of {pipeline} (flow run {client.get('flow_run')})", interruptOnCancel=True)
             sc.setLocalProperty("spark.scheduler.pool", pipeline)
+            hooks = {"on_batch": partial(self._on_batch, pipeline)} if kind == "ingest" and self._on_batch else {}
             try:
-                outcome["result"] = JOBS[kind](spark, **kwargs)
+                outcome["result"] = JOBS[kind](spark, **kwargs, **hooks)
             except BaseException as error:  # noqa: BLE001 - handed to the request's thread
                 outcome["error"] = error
 

@@ -11,7 +11,6 @@ boundary under ``serve``.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,8 +23,11 @@ if TYPE_CHECKING:
 
     from pyspark.sql import SparkSession
 
+    from offsets.protocol import BatchResult
 
-def ingest(spark: SparkSession, config: str, pipeline: str) -> dict[str, Any]:
+
+def ingest(spark: SparkSession, config: str, pipeline: str,
+           on_batch: Callable[[BatchResult, float], None] | None = None) -> dict[str, Any]:
     """A bounded ingest up to the LSO; ``fetching_at`` is when its first batch started planning.
 
     Every Kafka fetch of a run (the size sample, the G3 read, the write's pass) comes at
@@ -39,12 +41,7 @@ def ingest(spark: SparkSession, config: str, pipeline: str) -> dict[str, Any]:
 
     ctx = pipeline_context(config, pipeline)
     job = IngestJob(spark, ctx.config, ctx.pipeline, ctx.bootstrap)
-    marks: dict[str, float] = {}
-
-    def mark(step: str) -> None:
-        marks.setdefault(step, time.time())
-
-    job.protocol.on_step = mark
+    job.on_batch = on_batch  # serve's metrics, when the warm driver runs it
     report = job.run_bounded()
     advanced = sum(r.span for b in report.batches if not b.replayed for r in b.intent.ranges)
     last = Ledger(spark, ctx.pipeline.ledger_path, pipeline).last()
@@ -52,7 +49,7 @@ def ingest(spark: SparkSession, config: str, pipeline: str) -> dict[str, Any]:
     return {"batches": len(report.batches), "rows": report.rows, "quarantined": report.quarantined,
             "offsets_advanced": advanced, "held_transactions": sum(b.intent.held for b in report.batches),
             "replayed": sum(1 for b in report.batches if b.replayed),
-            "lag": sum(x.lag for x in lags), "fetching_at": marks.get("recovered"),
+            "lag": sum(x.lag for x in lags), "fetching_at": job.fetching_at,
             "partitions": [{"topic": x.topic, "partition": x.partition, "next_offset": x.next_offset,
                             "lso": x.lso, "lag": x.lag} for x in lags]}
 

@@ -24,13 +24,18 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 
 from orchestration.flows import audit_flow, backfill_flow, ingest_flow, maintain_flow, relay_flow
 from orchestration.slots import ensure_limit, limit_name
 from tidemark.config import TidemarkConfig
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from offsets.protocol import BatchResult
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +95,12 @@ def _driver_session() -> Any:
     return build_session(settings(), "tidemark-serve", extra=FAIR)
 
 
-def serve_all(config: TidemarkConfig, config_path: Path, *, relay: bool = False, warm_driver: bool = True) -> None:
-    """Serve until SIGTERM/SIGINT; Prefect pauses the schedules on the way out."""
+def serve_all(config: TidemarkConfig, config_path: Path, *, relay: bool = False, warm_driver: bool = True,
+              on_batch: Callable[[str, BatchResult, float], None] | None = None) -> None:
+    """Serve until SIGTERM/SIGINT; Prefect pauses the schedules on the way out.
+
+    ``on_batch(pipeline, result, seconds)`` is told every batch the warm driver commits (metrics).
+    """
     from prefect import serve
 
     from orchestration.driver import DriverService
@@ -103,5 +112,5 @@ def serve_all(config: TidemarkConfig, config_path: Path, *, relay: bool = False,
     if not (warm_driver and config.pipelines):
         serve(*deployments(config, config_path, relay=relay))
         return
-    with DriverService(_driver_session):  # before serve: its flow-run processes inherit the environment
+    with DriverService(_driver_session, on_batch=on_batch):  # before serve: its flow-run processes inherit the environment
         serve(*deployments(config, config_path, relay=relay))

@@ -72,6 +72,10 @@ class IngestJob:
                                                dedup_table=self.dedup_table, listed=self._listed_for(intent)),
             table_properties=pipeline.maintenance.table_properties(),
         )
+        self.protocol.on_step = self._reached
+        self._marks: list[tuple[str, float]] = []
+        self.fetching_at: float | None = None
+        """Wall-clock time the first batch of this job started planning: no record is fetched before it."""
 
     def _decide(self, intent: Intent, last: Intent | None, bounds: Mapping[TP, PartitionBounds]) -> Intent:
         """Step 2's decisions (see offsets.protocol): G3 by a cut or a guard, then dedup's table version."""
@@ -164,6 +168,7 @@ class IngestJob:
         report = IngestReport()
         while not (stop and stop.is_set()):
             started = time.monotonic()
+            self._marks = [("start", started)]
             replay, result = self.protocol.run_batch(
                 bounds, self._new_partition_starts, self.pipeline.max_records_per_batch,
                 max_bytes=self.pipeline.max_bytes_per_batch, sizes=self._sizes)
@@ -180,10 +185,22 @@ class IngestJob:
                     log.info("caught up, except %d source transaction(s) not yet whole (events below the LSO "
                              "missing: released after transactions.incomplete_timeout_seconds)", self.held)
                 break
-            log.info("batch %d committed: %d rows, %d quarantined",
-                     result.intent.batch_id, result.rows, result.quarantined)
+            log.info("batch %d committed: %d rows, %d quarantined (%s)",
+                     result.intent.batch_id, result.rows, result.quarantined, self._timing())
             report.batches.append(result)
         return report
+
+    def _reached(self, step: str) -> None:
+        if step == "recovered" and self.fetching_at is None:
+            self.fetching_at = time.time()
+        self._marks.append((step, time.monotonic()))
+
+    def _timing(self) -> str:
+        """Seconds per step of the batch just committed, each named by the step it ends (offsets.protocol)."""
+        names = {"recovered": "recover", "planned": "plan", "claimed": "claim", "committed": "commit",
+                 "revised": "revise", "quarantined": "settle"}
+        return ", ".join(f"{names.get(step, step)} {at - before:.2f}s"
+                         for (_, before), (step, at) in zip(self._marks, self._marks[1:], strict=False))
 
     def run_bounded(self) -> IngestReport:
         return self.run_to(self.snapshot())

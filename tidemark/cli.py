@@ -418,7 +418,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     config = load_config(Path(args.config))
     if not config.pipelines and not args.relay:
-
         raise ConfigError(f"{args.config} declares no pipelines and --relay was not given: nothing to serve")
     stack = Stack(settings())
     server = stack.prefect()
@@ -432,13 +431,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         metrics.watch_pipelines(config.pipelines, librdkafka_config(config.kafka, resolve_bootstrap(config)),
                                 settings().home_dir / "quality")
+        for p in config.pipelines:
+            metrics.count_batches(p.name)
         if args.relay:
             _, dsn, _ = _relay_context(argparse.Namespace(config=args.config, relay_id=None))
             metrics.watch_relay(config.relay, dsn)
     where = server.ui_url if server else os.environ["PREFECT_API_URL"]
     print(f"serving {len(config.pipelines)} pipeline(s){' and the relay' if args.relay else ''}; "
           f"Prefect UI {where}; stop with Ctrl-C or SIGTERM", flush=True)
-    serve_all(config, Path(args.config), relay=args.relay, warm_driver=args.warm_driver)
+    on_batch = None
+    if metrics is not None and args.warm_driver:  # the runs' batches are committed in this process
+        from functools import partial
+
+        from offsets.protocol import BatchResult
+        from tidemark.metrics import never_raising
+
+        def on_batch(pipeline: str, result: BatchResult, seconds: float) -> None:
+            never_raising(partial(metrics.batch, pipeline))(result, seconds)
+    serve_all(config, Path(args.config), relay=args.relay, warm_driver=args.warm_driver, on_batch=on_batch)
     return 0
 
 
