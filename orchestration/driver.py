@@ -43,6 +43,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from functools import partial
+from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
@@ -147,10 +148,11 @@ class DriverService:
         while not self._closed.is_set():
             try:
                 conn = self._listener.accept()
-            except OSError:
+            except (OSError, EOFError, AuthenticationError) as error:
                 if self._closed.is_set():
                     return
-                log.warning("a connection to the warm driver failed its authentication; ignored")
+                log.warning("a connection to the warm driver was refused (%s: %s); ignored",
+                            type(error).__name__, error)
                 continue
             threading.Thread(target=self._serve, args=(conn,), daemon=True, name="driver-request").start()
 

@@ -55,6 +55,13 @@ BULK_READ_OPTIONS = {
 }
 
 
+SMALL_BATCH_OFFSETS = 100_000
+"""A batch with fewer offsets is read and written by at most one task per core, not one per
+Kafka partition: a follower's batch of a few thousand records over 9 partitions spent more
+on 9 tasks and 9 Parquet files than on its rows (commit step 0.78 s vs 1.05 s per batch at
+2,000 events/s, docs/benchmarks.md), and readers get fewer small files."""
+
+
 def read_ranges(spark: SparkSession, kafka_options: dict[str, str], intent: Intent) -> DataFrame:
     """Exactly the records of ``intent``'s non-empty ranges, read_committed, as Spark's Kafka rows."""
     ranges = [r for r in intent.ranges if r.span > 0]
@@ -156,6 +163,8 @@ def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: Pipelin
         "offset", F.col("timestamp").alias("kafka_timestamp"), "key", "value", "headers",
         F.col(ERROR_COLUMN).alias("error"), F.col("_ingested_at").alias("ingested_at")]
     read = read_ranges(spark, kafka_options, intent)
+    if sum(r.span for r in intent.ranges) < SMALL_BATCH_OFFSETS:
+        read = read.coalesce(spark.sparkContext.defaultParallelism)
     return BatchFrames(
         read=read.withColumns(first) if first else read,
         check=check,

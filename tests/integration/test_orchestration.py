@@ -9,10 +9,12 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
 
+from infra.process import free_port
 from tests.ingest_harness import assert_exactly_once, target_commits_per_batch, write_config
 from tests.kafka_helpers import transactional_producer, write_transaction
 from tests.orchestration_harness import (
@@ -118,12 +120,18 @@ def test_a_served_schedule_runs_a_real_ingest(
                           schedule={"ingest_every_seconds": 5, "audit_every_seconds": None,
                                     "maintain_every_seconds": 3600})
     log = tmp_path / "serve.log"
+    port = free_port()
     with log.open("wb") as out:
-        serve = subprocess.Popen([sys.executable, "-m", "tidemark.cli", "serve", "--config", str(config)],
+        serve = subprocess.Popen([sys.executable, "-m", "tidemark.cli", "serve", "--config", str(config),
+                                  "--metrics-port", str(port)],
                                  env=prefect_env(prefect_api, tmp_path / "prefect-home"), stdout=out,
                                  stderr=subprocess.STDOUT)
     try:
         wait_for_line(log, "served: 1 batch(es), 120 rows", serve, timeout=400)
+        # The batch was committed in serve's own warm driver: serve's metrics counted it.
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            scraped = response.read().decode()
+        assert 'tidemark_batch_rows_total{pipeline="served"} 120.0' in scraped, scraped
         # The maintenance deployment (hourly) runs beside the 5-second ingest schedule, in its own slot.
         from prefect.deployments import run_deployment
 
