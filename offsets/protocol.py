@@ -24,8 +24,9 @@ ledger; docs/design.md has the table of every crash point between them):
    Instead of a cut, ``decide`` may mark the intent *guarded*: written uncut, with step
    4 checking every record (below).
 3. **Claim.** Append intent ``N+1`` to the ledger with ``txnAppId=<pipeline>``,
-   ``txnVersion=N+1``. An append that ran its job (its ``Observation`` completed) and
-   returned has committed; otherwise history tells whether our append or a rival's holds
+   ``txnVersion=N+1`` (by delta-rs once the ledger exists: :meth:`Ledger.append`, which
+   says whether it committed). Spark's append that ran its job (its ``Observation``
+   completed) and returned has committed; otherwise history tells whether our append or a rival's holds
    ``N+1``: a rival's means another run owns the pipeline (:class:`ConcurrentWriterError`);
    its batch is never written by us. Meanwhile step 4's pass is built (analysed, not
    run) on a second thread: it has no side effect, and runs only if the claim is ours.
@@ -368,8 +369,9 @@ class CommitProtocol:
         revised = self.revise(intent)  # never guarded: Ledger.append refuses a guarded revision
         seen = Observation(f"tidemark-revision-{self.pipeline}-{intent.batch_id}-{uuid.uuid4().hex[:8]}")
         try:
-            self.ledger.append(revised, write=uuid.uuid4().hex, revision=True, observation=seen)
-            ours = _completes(seen, OBSERVATION_WAIT_SECONDS)  # ran its job and returned: committed
+            committed = self.ledger.append(revised, write=uuid.uuid4().hex, revision=True, observation=seen)
+            # Spark's append: it ran its job and returned, so it committed.
+            ours = committed if committed is not None else _completes(seen, OBSERVATION_WAIT_SECONDS)
         except _DELTA_CONFLICTS:
             ours = False  # a rival's replay revised it first (the same revision: the scan is deterministic)
         self._reached("revised")
@@ -535,8 +537,9 @@ class CommitProtocol:
             # building it has no side effect, and it runs only once the claim is ours.
             prepared = pool.submit(self._prepare, intent)
             try:
-                self.ledger.append(intent, write=token, observation=seen)
-                claimed = _completes(seen, OBSERVATION_WAIT_SECONDS) or self._landed(self.ledger.path, intent, token)
+                committed = self.ledger.append(intent, write=token, observation=seen)
+                claimed = committed if committed is not None else (
+                    _completes(seen, OBSERVATION_WAIT_SECONDS) or self._landed(self.ledger.path, intent, token))
             except _DELTA_CONFLICTS:
                 # A rival committed first; history says who owns the batch.
                 claimed = self._landed(self.ledger.path, intent, token)
