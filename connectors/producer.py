@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -173,20 +173,29 @@ class TransactionalProducer:
     def produce(self, topic: str, *, key: bytes | None, value: bytes | None,
                 headers: list[tuple[str, str | bytes | None]] | None = None, partition: int = -1,
                 on_delivery: Delivery | None = None) -> None:
-        while True:
-            try:
-                if on_delivery is None:
-                    self._producer.produce(topic, value, key, partition, headers=headers)
-                else:
-                    self._producer.produce(topic, value, key, partition, on_delivery=on_delivery, headers=headers)
-                return
-            except BufferError:
-                self._producer.poll(0.05)  # queue full: let deliveries drain
-            except KafkaException as exc:
-                err: KafkaError = exc.args[0]
-                if err.fatal():
-                    raise _fatal(err, f"producing to {topic}", self.transactional_id) from None
-                raise
+        self.produce_all(((topic, partition, key, value, headers, on_delivery),))
+
+    def produce_all(self, messages: Iterable[tuple[str, int, bytes | None, bytes | None,
+                                                   list[tuple[str, str | bytes | None]] | None, Delivery | None]]
+                    ) -> None:
+        """Produce each (topic, partition or -1, key, value, headers, on_delivery) in order, in one loop:
+        the relay's per-event path, without a Python call per event around librdkafka's."""
+        produce = self._producer.produce
+        for topic, partition, key, value, headers, on_delivery in messages:
+            while True:
+                try:
+                    if on_delivery is None:
+                        produce(topic, value, key, partition, headers=headers)
+                    else:
+                        produce(topic, value, key, partition, on_delivery=on_delivery, headers=headers)
+                    break
+                except BufferError:
+                    self._producer.poll(0.05)  # queue full: let deliveries drain
+                except KafkaException as exc:
+                    err: KafkaError = exc.args[0]
+                    if err.fatal():
+                        raise _fatal(err, f"producing to {topic}", self.transactional_id) from None
+                    raise
 
     def flush(self, timeout: float) -> None:
         """Wait for every produced message's delivery report (their callbacks run here)."""

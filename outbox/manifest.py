@@ -9,12 +9,25 @@ events do: a consumer holding a manifest knows exactly which records make each s
 transaction whole, without reading them (G3 from the manifest, ``offsets.cut``).
 A source transaction moved to the dead letters instead (``relay.on_oversized``) is listed
 with no spans and ``dead_lettered``: accounted for, never half-relayed.
+
+Why :class:`Placement` and not a delivery report per event: a report costs a Python call
+and a message object per event, the largest cost the relay had over a plain producer.
+The relay picks each event's partition itself, so it knows each event's index among the
+events the Kafka transaction puts in that partition, and asks for the reports of the
+first and the last there only. One producer's records in one partition keep their order
+(idempotence), so when the last offset is the first plus the count less one, no other
+record lies between them and every event's offset is the first plus its index. When
+another producer's record does lie between them, the offsets in between are unknown:
+the transaction is redone (:class:`InterleavedError`) with a report per event for that topic.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from connectors.producer import TransactionAbortedError
 
 #: (topic, partition, first offset, last offset, events) of one source transaction's events in a
 #: partition. ``last - first + 1 == events`` when no other producer's record lies between them.
@@ -53,3 +66,67 @@ class Manifest:
                           tuple((str(s[0]), int(s[1]), int(s[2]), int(s[3]), int(s[4])) for s in t["spans"]),
                           bool(t.get("dead_lettered", False)))
             for t in data["txns"]))
+
+
+#: (topic, partition)
+TopicPartition = tuple[str, int]
+
+
+class InterleavedError(TransactionAbortedError):
+    """Another producer's record landed between two of ours in a partition: the spans are unknown there."""
+
+    def __init__(self, partitions: list[TopicPartition]) -> None:
+        self.topics = {t for t, _ in partitions}
+        super().__init__(f"records of another producer landed between this transaction's in {sorted(partitions)[:3]}; "
+                         "the transaction is redone with a delivery report per event for those topics")
+
+
+@dataclass
+class Placement:
+    """The events of one Kafka transaction by index in their partition, and the spans they make (see above)."""
+
+    exact: frozenset[str] = frozenset()
+    """Topics whose every event gets a delivery report (another producer writes there too)."""
+    sent: dict[TopicPartition, int] = field(default_factory=dict)
+    """How many events the transaction puts in each partition."""
+    txns: list[dict[TopicPartition, list[int]]] = field(default_factory=list)
+    """Per source transaction: partition -> [first index, last index, events]."""
+
+    def open(self) -> dict[TopicPartition, list[int]]:
+        """Start the next source transaction's spans."""
+        spans: dict[TopicPartition, list[int]] = {}
+        self.txns.append(spans)
+        return spans
+
+    def place(self, spans: dict[TopicPartition, list[int]], tp: TopicPartition) -> int:
+        """The index in ``tp`` of the next event of the source transaction whose ``spans`` these are."""
+        n = self.sent.get(tp, 0)
+        self.sent[tp] = n + 1
+        at = spans.get(tp)
+        if at is None:
+            spans[tp] = [n, n, 1]
+        else:
+            at[1] = n
+            at[2] += 1
+        return n
+
+    def reported(self, tp: TopicPartition, index: int) -> bool:
+        """Whether the event at ``index`` of ``tp`` needs its delivery report."""
+        return index == 0 or index == self.sent[tp] - 1 or tp[0] in self.exact
+
+    def resolve(self, offsets: Mapping[TopicPartition, Mapping[int, int]]) -> list[tuple[Span, ...]]:
+        """Each source transaction's spans in offsets, from the delivery reports' ``offsets`` (by index).
+
+        Raises :class:`InterleavedError` where another producer's record lies between the first
+        and the last of ours in a partition whose events were not all reported.
+        """
+        interleaved = [tp for tp, n in self.sent.items() if tp[0] not in self.exact
+                       and offsets[tp][n - 1] - offsets[tp][0] != n - 1]
+        if interleaved:
+            raise InterleavedError(interleaved)
+
+        def offset(tp: TopicPartition, index: int) -> int:
+            return offsets[tp][index] if tp[0] in self.exact else offsets[tp][0] + index
+
+        return [tuple(sorted((tp[0], tp[1], offset(tp, a), offset(tp, b), n) for tp, (a, b, n) in spans.items()))
+                for spans in self.txns]

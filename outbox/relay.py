@@ -21,8 +21,11 @@ Steps of :meth:`Relay.run`, in order, with what a crash right after each leaves 
    with an event larger than Kafka takes is refused whole (``relay.on_oversized``),
    before anything of it is produced.
 5. **Relay** the group as one Kafka transaction: its events (key ``aggregateid``, value
-   the payload, headers from ``outbox.headers``), then, from their delivery reports,
-   the manifest (``outbox.manifest``: each source transaction's exact spans), then the
+   the payload, headers from ``outbox.headers``; the partition chosen here as librdkafka's
+   default partitioner would, so each event's index in its partition is known), then,
+   from the delivery reports of each partition's first and last event, the manifest
+   (``outbox.manifest``: each source transaction's exact spans; a partition another
+   producer wrote into meanwhile makes the group redo with a report per event), then the
    new position, then commit. Events, manifest and position become visible together or
    not at all. *produced*, *manifested*, *positioned*: an open transaction, aborted by
    the next fence; the slot resends and it is relayed again. *committed*: all in Kafka;
@@ -54,10 +57,12 @@ import re
 import signal
 import threading
 import time
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -78,7 +83,7 @@ from outbox.capture import (
     TransactionTooLargeError,
 )
 from outbox.deadletter import OversizedEventError, acknowledged, dead_letter_events
-from outbox.manifest import Manifest, ManifestEntry
+from outbox.manifest import InterleavedError, Manifest, ManifestEntry, Placement, TopicPartition
 from outbox.pgoutput import format_lsn
 from outbox.position import (
     OFFSETS_TOPIC_CONFIG,
@@ -108,6 +113,9 @@ PRODUCER_MESSAGE_MAX = 1_000_000
 #: Failed attempts at the same group, each after a fence and a fresh position, before the relay gives up.
 MAX_REDOS = 10
 
+#: How often the relay reads its topics' partition counts again (librdkafka's own metadata refresh).
+PARTITIONS_REFRESH_SECONDS = 300.0
+
 
 def _admin_call(call: Callable[[], Any]) -> Any:
     """A metadata request; no answer is an outage (transient), not a crash."""
@@ -115,6 +123,14 @@ def _admin_call(call: Callable[[], Any]) -> Any:
         return call()
     except KafkaException as exc:
         raise KafkaUnavailableError(f"Kafka metadata request failed: {exc.args[0]}") from None
+
+
+def partition_for(key: bytes, partitions: int) -> int:
+    """The partition librdkafka's default partitioner (``consistent_random``) gives ``key``: its CRC-32
+    modulo the partition count. The relay places events itself (``outbox.manifest.Placement``) exactly
+    as it did when librdkafka placed them, so per-key order holds across an upgrade; only an empty key,
+    which librdkafka would place at random, goes to partition 0."""
+    return zlib.crc32(key) % partitions
 
 
 def _crash_point(name: str) -> None:
@@ -182,6 +198,10 @@ class Relay:
         self.report = RelayReport()
         self._known_topics: set[str] = set()
         self._limits: dict[str, int] = {}
+        self._partition_counts: dict[str, int] = {}
+        self._counted_at = 0.0
+        self._exact_topics: set[str] = set()
+        """Topics another producer writes into as well: every event there gets a delivery report."""
         self._counts_json: dict[tuple[tuple[str, int], ...], bytes] = {}
         self._routes: dict[bytes, str] = {}
         self._db = None
@@ -233,7 +253,24 @@ class Relay:
                 topic_limit = PRODUCER_MESSAGE_MAX
             producer_limit = int(self.client_config.get("message.max.bytes", PRODUCER_MESSAGE_MAX))
             self._limits[resource.name] = min(topic_limit, producer_limit)
+        self._count_partitions(admin, missing)
         self._known_topics |= missing
+
+    def _count_partitions(self, admin: Any, topics: set[str]) -> None:
+        """Learn how many partitions each topic has (a topic just created may take a moment to show them)."""
+        deadline = time.monotonic() + 30
+        while True:
+            listed = _admin_call(lambda: admin.list_topics(timeout=15)).topics
+            counts = {t: len(listed[t].partitions) for t in topics
+                      if t in listed and listed[t].error is None and listed[t].partitions}
+            self._partition_counts.update(counts)
+            if len(counts) == len(topics):
+                self._counted_at = time.monotonic()
+                return
+            if time.monotonic() > deadline:
+                raise KafkaUnavailableError(f"no partitions listed for {sorted(set(topics) - set(counts))} "
+                                            "30 s after creating them")
+            time.sleep(0.2)
 
     def _connect_db(self):  # type: ignore[no-untyped-def]
         import psycopg2
@@ -355,36 +392,47 @@ class Relay:
         """One Kafka transaction: the group's events, its manifest, its position (then :attr:`position`)."""
         last = group.txns[-1]
         position = Position(last.end_lsn, last.xid, datetime.now(UTC).isoformat(), source)
-        spans: list[dict[tuple[str, int], list[int]]] = [{} for _ in group.txns]
-        failed: list[str] = []
+        if time.monotonic() - self._counted_at > PARTITIONS_REFRESH_SECONDS:
+            from confluent_kafka.admin import AdminClient
 
-        def recorder(into: dict[tuple[str, int], list[int]]) -> Callable[[Any, Any], None]:
-            def delivered(err: Any, msg: Any) -> None:
-                if err is not None:
-                    failed.append(f"{msg.topic()}: {err.name() if isinstance(err, KafkaError) else err}")
-                    return
-                at, offset = into.get((msg.topic(), msg.partition())), msg.offset()
-                if at is None:
-                    into[(msg.topic(), msg.partition())] = [offset, offset, 1]
-                else:
-                    at[0], at[1], at[2] = min(at[0], offset), max(at[1], offset), at[2] + 1
-            return delivered
+            self._count_partitions(AdminClient(self.client_config), set(self._partition_counts))
+        counts = self._partition_counts
+        placement = Placement(frozenset(self._exact_topics))
+        failed: list[str] = []
+        offsets: dict[TopicPartition, dict[int, int]] = {}
+
+        def delivered(tp: TopicPartition, index: int, err: Any, msg: Any) -> None:
+            if err is not None:
+                failed.append(f"{msg.topic()}: {err.name() if isinstance(err, KafkaError) else err}")
+            else:
+                offsets[tp][index] = msg.offset()
 
         def body(p: TransactionalProducer) -> None:
+            placed: list[tuple[TopicPartition, int, bytes, bytes | None, list[Any]]] = []
             for i, txn in enumerate(group.txns):
-                if i in group.dead:
+                if i in group.dead or not txn.events:
                     continue
-                record = recorder(spans[i])
+                spans = placement.open()
                 for topic, key, value, headers in self._messages(txn):
-                    p.produce(topic, key=key, value=value, headers=headers, on_delivery=record)
+                    tp = (topic, partition_for(key, counts[topic]))
+                    placed.append((tp, placement.place(spans, tp), key, value, headers))
+            for tp in placement.sent:
+                offsets[tp] = {}
+            p.produce_all((tp[0], tp[1], key, value, headers,
+                           partial(delivered, tp, index) if placement.reported(tp, index) else None)
+                          for tp, index, key, value, headers in placed)
             _crash_point("produced")
             p.flush(self.config.transaction_timeout_ms / 1000)
             if failed:
                 raise TransactionAbortedError(f"{len(failed)} event(s) not delivered, e.g. {failed[0]}")
+            try:
+                resolved = iter(placement.resolve(offsets))
+            except InterleavedError as interleaved:
+                self._exact_topics |= interleaved.topics
+                raise
             manifest = Manifest(self.config.id, format_lsn(position.end_lsn), tuple(
                 ManifestEntry(f"{format_lsn(t.commit_lsn)}/{t.xid}", len(t.events),
-                              tuple(sorted((tp[0], tp[1], a, b, n) for tp, (a, b, n) in spans[i].items())),
-                              i in group.dead)
+                              () if i in group.dead else next(resolved), i in group.dead)
                 for i, t in enumerate(group.txns) if t.events))
             p.produce(self.config.manifest_topic, key=self.config.id.encode(), value=manifest.encode())
             _crash_point("manifested")
@@ -403,8 +451,8 @@ class Relay:
             elif txn.events:
                 self.report.transactions += 1
                 self.report.events += len(txn.events)
-        self.report.topics.update(self._topic(e.aggregatetype) for i, t in enumerate(group.txns)
-                                  if i not in group.dead for e in t.events)
+        for (topic, _), n in placement.sent.items():
+            self.report.topics[topic] += n
         log.debug("relayed %d source transaction(s), %d events, up to %s", len(group.txns), group.events,
                   format_lsn(last.end_lsn))
 
