@@ -190,7 +190,7 @@ class TransactionalProducer:
                         produce(topic, value, key, partition, on_delivery=on_delivery, headers=headers)
                     break
                 except BufferError:
-                    self._producer.poll(0.05)  # queue full: let deliveries drain
+                    _serve(lambda: self._producer.poll(0.05))  # queue full: let deliveries drain
                 except KafkaException as exc:
                     err: KafkaError = exc.args[0]
                     if err.fatal():
@@ -200,7 +200,7 @@ class TransactionalProducer:
     def flush(self, timeout: float) -> None:
         """Wait for every produced message's delivery report (their callbacks run here)."""
         deadline = time.monotonic() + timeout
-        while self._producer.flush(max(0.0, min(1.0, deadline - time.monotonic()))) > 0:
+        while _serve(lambda: self._producer.flush(max(0.0, min(1.0, deadline - time.monotonic())))) > 0:
             if time.monotonic() > deadline:
                 raise KafkaUnavailableError(f"{self.transactional_id}: messages not delivered within {timeout:g} s")
 
@@ -249,6 +249,21 @@ class TransactionalProducer:
         except KafkaException as exc:
             log.debug("%s: closing an instance in error: %s", self.transactional_id, exc.args[0])
         _destroy(self._producer, self.transactional_id)
+
+
+def _serve(call: Callable[[], int]) -> int:
+    """A librdkafka call that serves delivery reports, raising the Kafka error itself.
+
+    When the instance turns fatal (fenced) while reports are being served, confluent-kafka
+    can call the next report's callback with the fatal error already raised, and Python then
+    reports a ``SystemError`` caused by that error: the caller's classification needs the cause.
+    """
+    try:
+        return call()
+    except SystemError as exc:
+        if isinstance(exc.__cause__, KafkaException):
+            raise exc.__cause__ from None
+        raise
 
 
 def _destroy(producer: Producer, transactional_id: str) -> None:

@@ -104,3 +104,35 @@ def test_close_destroys_the_instance_even_after_a_failed_fence(kafka_bootstrap: 
     producer.close()
     with pytest.raises(RuntimeError, match="closed"):
         instance.poll(0)
+
+
+def test_fenced_while_delivery_reports_are_served_is_a_fence(kafka_bootstrap: str,
+                                                             topic_factory) -> None:  # type: ignore[no-untyped-def]
+    """Fenced mid-transaction with delivery callbacks pending: the caller gets the fence (exit 3),
+    not the ``SystemError`` confluent-kafka raises when it calls a callback after the fatal error."""
+    from functools import partial
+
+    from connectors.producer import ProducerFencedError
+
+    topic = topic_factory("fenced-reports", partitions=3)
+    tid = f"fenced-reports-{uuid.uuid4().hex[:8]}"
+    seen: list[object] = []
+
+    def delivered(index: int, err: object, msg: object) -> None:
+        seen.append(err)
+
+    first = TransactionalProducer({"bootstrap.servers": kafka_bootstrap, "transactional.id": tid}, retry_for=10)
+    first.init(30)
+    second = TransactionalProducer({"bootstrap.servers": kafka_bootstrap, "transactional.id": tid}, retry_for=10)
+
+    def body(p: TransactionalProducer) -> None:
+        second.init(30)  # fences ``first`` before any of its records reach the broker
+        p.produce_all((topic, i % 3, b"k", b"v", None, partial(delivered, i)) for i in range(200))
+        p.flush(30)
+
+    try:
+        with pytest.raises(ProducerFencedError):
+            first.run(body, what="a fenced transaction", timeout=10)
+    finally:
+        first.close(5)
+        second.close(5)

@@ -156,3 +156,77 @@ def test_a_transaction_over_the_limit_stops_the_relay_and_loses_nothing(setup: R
     setup.drain()  # default limit: relayed whole
     relayed = {header(r, H.EVENT_ID) for r in setup.records()}
     assert relayed == set(ids) | set(big) and len(setup.records()) == 151
+
+
+def test_the_relay_places_each_key_where_librdkafka_would(kafka_bootstrap: str) -> None:
+    """The relay chooses partitions itself (for its manifest's spans); librdkafka's default partitioner
+    placed them before, on a real broker, and the two must agree or per-key order breaks on upgrade."""
+    import random
+    import uuid
+
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from outbox.relay import partition_for
+
+    topic = f"relaytest.placement.{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    admin.create_topics([NewTopic(topic, 7, 1)])[topic].result(30)
+    rng = random.Random(5)
+    keys = [f"agg-{i}".encode() for i in range(200)] + [rng.randbytes(rng.randint(1, 40)) for _ in range(200)]
+    placed: dict[bytes, int] = {}
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for key in keys:
+        producer.produce(topic, b"x", key, on_delivery=lambda err, msg: placed.__setitem__(msg.key(), msg.partition()))
+    assert producer.flush(30) == 0
+    assert len(placed) == len(keys) and len(set(placed.values())) == 7
+    assert {k: partition_for(k, 7) for k in keys} == placed
+
+
+def test_another_producer_between_the_relays_records_gets_exact_spans(setup: RelaySetup) -> None:
+    """A plain producer writes into the relay's partitions while it relays, one record a request on both
+    sides, so its records land between the relay's: the relay notices, redoes that group with a report per
+    event, and every manifest entry still names exactly where its source transaction's events are."""
+    import threading
+
+    from confluent_kafka import Producer
+
+    from outbox.relay import Relay
+    from tests.relay_harness import AGGREGATES
+    from tidemark.config import load_config
+
+    writers = Writers(setup, threads=1, late_rate=0, rollback_rate=0, seed=3)
+    with setup.connect() as conn:
+        import random
+
+        rng = random.Random(3)
+        for _ in range(60):
+            writers.transaction(conn, rng)
+    config = load_config(setup.config)
+    client = {"bootstrap.servers": setup.bootstrap, "batch.num.messages": 1}
+    relay = Relay(config.relay, dsn=setup.dsn, client_config=client)
+    topics = sorted(config.relay.topic_for(a) for a in AGGREGATES)
+    relay._ensure_topics(set(topics))  # so the other producer has them
+    stop, foreign = threading.Event(), Producer({"bootstrap.servers": setup.bootstrap, "linger.ms": 0})
+
+    def interfere() -> None:
+        while not stop.is_set():
+            for topic in topics:
+                for partition in range(3):
+                    try:
+                        foreign.produce(topic, b"not the relay's", partition=partition)
+                    except BufferError:
+                        foreign.poll(0.05)
+            foreign.poll(0.002)
+
+    thread = threading.Thread(target=interfere, daemon=True)
+    thread.start()
+    try:
+        report = relay.run(threading.Event(), idle_exit=3)
+    finally:
+        stop.set()
+        thread.join(30)
+        foreign.flush(30)
+    assert report.redone >= 1 and relay._exact_topics, "the other producer's records never landed between"
+    counts = assert_relayed_exactly_once(setup, writers.committed, writers.rolled_back, foreign=True)
+    assert counts["transactions"] == 60

@@ -1,0 +1,70 @@
+"""The relay's spans from two delivery reports per partition (outbox.manifest.Placement): pure logic."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from outbox.manifest import InterleavedError, Placement
+
+A0, A1, B0 = ("a", 0), ("a", 1), ("b", 0)
+
+
+def _place(placement: Placement, txns: list[list[tuple[str, int]]]) -> list[tuple[tuple[str, int], int]]:
+    placed = []
+    for events in txns:
+        spans = placement.open()
+        placed += [(tp, placement.place(spans, tp)) for tp in events]
+    return placed
+
+
+def test_only_each_partitions_first_and_last_event_is_reported() -> None:
+    placement = Placement()
+    placed = _place(placement, [[A0, A0, B0], [A0, A1], [A0]])
+    assert [placement.reported(tp, i) for tp, i in placed] == [True, False, True, False, True, True]
+    exact = Placement(frozenset({"a"}))
+    assert all(exact.reported(tp, i) for tp, i in _place(exact, [[A0, A0, B0], [A0, A1], [A0]]))
+
+
+def test_contiguous_offsets_give_every_transactions_exact_spans() -> None:
+    placement = Placement()
+    _place(placement, [[A0, A0, B0], [A0, A1], [A0]])
+    # a0 holds indexes 0..3 at offsets 100..103; a1 and b0 one event each.
+    spans = placement.resolve({A0: {0: 100, 3: 103}, A1: {0: 7}, B0: {0: 42}})
+    assert spans == [(("a", 0, 100, 101, 2), ("b", 0, 42, 42, 1)),
+                     (("a", 0, 102, 102, 1), ("a", 1, 7, 7, 1)),
+                     (("a", 0, 103, 103, 1),)]
+
+
+def test_a_foreign_record_between_ours_is_refused_unless_every_event_was_reported() -> None:
+    placement = Placement()
+    _place(placement, [[A0, B0], [A0]])
+    with pytest.raises(InterleavedError) as refused:
+        placement.resolve({A0: {0: 100, 1: 102}, B0: {0: 5}})  # offset 101 is someone else's
+    assert refused.value.topics == {"a"}
+    exact = Placement(frozenset({"a"}))
+    _place(exact, [[A0, B0], [A0]])
+    assert exact.resolve({A0: {0: 100, 1: 102}, B0: {0: 5}}) == [(("a", 0, 100, 100, 1), ("b", 0, 5, 5, 1)),
+                                                                 (("a", 0, 102, 102, 1),)]
+
+
+def test_spans_match_a_report_per_event_on_random_groups() -> None:
+    rng = random.Random(11)
+    partitions = [A0, A1, B0, ("c", 2)]
+    for _ in range(200):
+        txns = [[rng.choice(partitions) for _ in range(rng.randint(1, 12))] for _ in range(rng.randint(1, 30))]
+        base = {tp: rng.randint(0, 10_000) for tp in partitions}
+        placement = Placement()
+        placed = _place(placement, txns)
+        every = {tp: {i: base[tp] + i for t, i in placed if t == tp} for tp in placement.sent}
+        reported = {tp: {i: o for i, o in offsets.items() if placement.reported(tp, i)} for tp, offsets in every.items()}
+        expected = []
+        cursor = 0
+        for events in txns:  # the spans a report per event gives: min and max offset, and the count
+            mine: dict[tuple[str, int], list[int]] = {}
+            for tp, i in placed[cursor:cursor + len(events)]:
+                mine.setdefault(tp, []).append(every[tp][i])
+            cursor += len(events)
+            expected.append(tuple(sorted((tp[0], tp[1], min(o), max(o), len(o)) for tp, o in mine.items())))
+        assert placement.resolve(reported) == expected
