@@ -213,9 +213,20 @@ class TransactionalProducer:
         epoch, after a fence that may have found another instance's work, so only the
         caller, which can read back what is committed, knows what is left to do.
         """
+        self.begin()
+        self.within(body, what=what, commit=True, timeout=timeout)
+
+    def begin(self) -> None:
+        """Open a transaction that :meth:`within` calls then add to and, last, commit."""
         self._call("begin_transaction", self._producer.begin_transaction)
+
+    def within(self, step: Callable[[TransactionalProducer], None], *, what: str, commit: bool = False,
+               timeout: float = 60.0) -> None:
+        """Run ``step`` inside the open transaction, then commit it if ``commit``; errors as :meth:`run` says."""
         try:
-            body(self)
+            step(self)
+            if not commit:
+                return
             try:
                 self._producer.commit_transaction(timeout)
             except KafkaException as exc:
@@ -230,8 +241,12 @@ class TransactionalProducer:
             if err.fatal() or not err.txn_requires_abort():
                 raise _fatal(err, what, self.transactional_id) from None
             self._disturbed = self._disturbed or f"abortable {err.name()} in {what}"
-            self._call("abort_transaction", lambda: self._producer.abort_transaction(timeout))
+            self.abort(timeout)
             raise TransactionAbortedError(f"{what}: transaction aborted by {err.name()} ({err.str()})") from None
+
+    def abort(self, timeout: float = 60.0) -> None:
+        """Abort the open transaction (what it produced is never visible to read_committed readers)."""
+        self._call("abort_transaction", lambda: self._producer.abort_transaction(timeout))
 
     def close(self, timeout: float = 10.0) -> None:
         """Deliver what is queued, if the instance still can, then destroy the instance.

@@ -14,7 +14,7 @@ Why :class:`Placement` and not a delivery report per event: a report costs a Pyt
 and a message object per event, the largest cost the relay had over a plain producer.
 The relay picks each event's partition itself, so it knows each event's index among the
 events the Kafka transaction puts in that partition, and asks for the reports of the
-first and the last there only. One producer's records in one partition keep their order
+first and the last there only (and of every event in the :attr:`Placement.exact` topics). One producer's records in one partition keep their order
 (idempotence), so when the last offset is the first plus the count less one, no other
 record lies between them and every event's offset is the first plus its index. When
 another producer's record does lie between them, the offsets in between are unknown:
@@ -109,10 +109,6 @@ class Placement:
             at[1] = n
             at[2] += 1
         return n
-
-    def reported(self, tp: TopicPartition, index: int) -> bool:
-        """Whether the event at ``index`` of ``tp`` needs its delivery report."""
-        return index == 0 or index == self.sent[tp] - 1 or tp[0] in self.exact
 
     def resolve(self, offsets: Mapping[TopicPartition, Mapping[int, int]]) -> list[tuple[Span, ...]]:
         """Each source transaction's spans in offsets, from the delivery reports' ``offsets`` (by index).

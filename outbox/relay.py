@@ -169,6 +169,20 @@ class Group:
     events: int = 0
     size: int = 0
     opened: float = 0.0
+    placement: Placement | None = None
+    """Set once its Kafka transaction is open: where its events went, by index in their partition."""
+    held: dict[TopicPartition, tuple[int, bytes, bytes | None, list[Any]]] = field(default_factory=dict)
+    """Each partition's newest event, produced when the next one comes or at the close: only then is it
+    known to be the partition's last, whose delivery report the manifest needs."""
+    offsets: dict[TopicPartition, dict[int, int]] = field(default_factory=dict)
+    failed: list[str] = field(default_factory=list)
+
+    def delivered(self, tp: TopicPartition, index: int, err: Any, msg: Any) -> None:
+        """A delivery report of an event the manifest needs the offset of."""
+        if err is not None:
+            self.failed.append(f"{msg.topic()}: {err.name() if isinstance(err, KafkaError) else err}")
+        else:
+            self.offsets[tp][index] = msg.offset()
 
     def add(self, txn: SourceTransaction, *, dead: bool = False) -> None:
         if not self.txns:
@@ -388,45 +402,72 @@ class Relay:
 
     # -- step 5 ------------------------------------------------------------------------
 
-    def _relay(self, producer: TransactionalProducer, group: Group, source: Source | None) -> None:
-        """One Kafka transaction: the group's events, its manifest, its position (then :attr:`position`)."""
-        last = group.txns[-1]
-        position = Position(last.end_lsn, last.xid, datetime.now(UTC).isoformat(), source)
+    def _open(self, producer: TransactionalProducer, group: Group) -> None:
+        """Begin the group's Kafka transaction (after a fence, if the connection was disturbed since the last)."""
+        if producer.disturbed:
+            self._refence(producer)                                            # steps 1-2 again
+            position = self.position
+            done = [t for t in group.txns if position is not None and t.end_lsn <= position.end_lsn]
+            if done:  # another instance with this id relayed them meanwhile
+                self.report.skipped += sum(1 for t in done if t.events)
+                self._pend(done)
+                group.txns = group.txns[len(done):]
+                group.dead = {i - len(done) for i in group.dead if i >= len(done)}
+        if not group.txns:
+            return
         if time.monotonic() - self._counted_at > PARTITIONS_REFRESH_SECONDS:
             from confluent_kafka.admin import AdminClient
 
             self._count_partitions(AdminClient(self.client_config), set(self._partition_counts))
-        counts = self._partition_counts
-        placement = Placement(frozenset(self._exact_topics))
-        failed: list[str] = []
-        offsets: dict[TopicPartition, dict[int, int]] = {}
+        producer.begin()
+        group.placement = Placement(frozenset(self._exact_topics))
 
-        def delivered(tp: TopicPartition, index: int, err: Any, msg: Any) -> None:
-            if err is not None:
-                failed.append(f"{msg.topic()}: {err.name() if isinstance(err, KafkaError) else err}")
+    def _stage(self, producer: TransactionalProducer, group: Group, txn: SourceTransaction) -> None:
+        """Step 5's events, as ``txn`` (the group's newest) joins it: librdkafka sends them while the next
+        transactions are decoded. Each partition's newest event waits in ``group.held`` (see there)."""
+        if group.placement is None:
+            self._open(producer, group)
+            if not group.txns or group.txns[-1] is not txn:
+                return  # relayed by another instance meanwhile
+        placement, held, offsets = group.placement, group.held, group.offsets
+        assert placement is not None
+        counts, out = self._partition_counts, []
+        spans = placement.open()
+        for topic, key, value, headers in self._messages(txn):
+            tp = (topic, partition_for(key, counts[topic]))
+            index = placement.place(spans, tp)
+            before = held.get(tp)
+            if before is None:
+                offsets[tp] = {}
             else:
-                offsets[tp][index] = msg.offset()
+                out.append((tp, *before))
+            held[tp] = (index, key, value, headers)
+        exact = placement.exact
+        producer.within(lambda p: p.produce_all(
+            (tp[0], tp[1], key, value, headers,
+             partial(group.delivered, tp, index) if index == 0 or tp[0] in exact else None)
+            for tp, index, key, value, headers in out), what=f"relaying source transaction {txn.xid}")
+
+    def _relay(self, producer: TransactionalProducer, group: Group, source: Source | None) -> None:
+        """Close the group's Kafka transaction: held events, manifest, position, commit (then :attr:`position`)."""
+        if group.placement is None:
+            self._open(producer, group)
+            if not group.txns:
+                return
+        placement = group.placement
+        assert placement is not None
+        last = group.txns[-1]
+        position = Position(last.end_lsn, last.xid, datetime.now(UTC).isoformat(), source)
 
         def body(p: TransactionalProducer) -> None:
-            placed: list[tuple[TopicPartition, int, bytes, bytes | None, list[Any]]] = []
-            for i, txn in enumerate(group.txns):
-                if i in group.dead or not txn.events:
-                    continue
-                spans = placement.open()
-                for topic, key, value, headers in self._messages(txn):
-                    tp = (topic, partition_for(key, counts[topic]))
-                    placed.append((tp, placement.place(spans, tp), key, value, headers))
-            for tp in placement.sent:
-                offsets[tp] = {}
-            p.produce_all((tp[0], tp[1], key, value, headers,
-                           partial(delivered, tp, index) if placement.reported(tp, index) else None)
-                          for tp, index, key, value, headers in placed)
+            p.produce_all((tp[0], tp[1], key, value, headers, partial(group.delivered, tp, index))
+                          for tp, (index, key, value, headers) in group.held.items())
             _crash_point("produced")
             p.flush(self.config.transaction_timeout_ms / 1000)
-            if failed:
-                raise TransactionAbortedError(f"{len(failed)} event(s) not delivered, e.g. {failed[0]}")
+            if group.failed:
+                raise TransactionAbortedError(f"{len(group.failed)} event(s) not delivered, e.g. {group.failed[0]}")
             try:
-                resolved = iter(placement.resolve(offsets))
+                resolved = iter(placement.resolve(group.offsets))
             except InterleavedError as interleaved:
                 self._exact_topics |= interleaved.topics
                 raise
@@ -440,8 +481,8 @@ class Relay:
                       partition=self._offsets_partition)
             _crash_point("positioned")
 
-        producer.run(body, what=f"relaying {len(group.txns)} source transaction(s) up to {format_lsn(last.end_lsn)}",
-                     timeout=self.config.transaction_timeout_ms / 1000)
+        producer.within(body, what=f"relaying {len(group.txns)} source transaction(s) up to "
+                        f"{format_lsn(last.end_lsn)}", commit=True, timeout=self.config.transaction_timeout_ms / 1000)
         self.position = position
         _crash_point("committed")
         self.report.kafka_transactions += 1
@@ -563,6 +604,8 @@ class Relay:
                         self._acknowledge(capture)
                         raise
                     group.add(txn, dead=not admitted)
+                    if admitted and txn.events:
+                        self._stage(producer, group, txn)                      # step 5, as it joins
                     if (time.monotonic() - group.opened >= linger or group.events >= limits.max_events
                             or group.size >= limits.max_bytes or len(group.txns) >= limits.max_transactions):
                         self._flush(producer, group, capture)
@@ -573,6 +616,8 @@ class Relay:
                     log.warning("PostgreSQL connection lost (%s); reconnecting", str(exc).strip().splitlines()[0])
                     if capture is not None:
                         capture.close()
+                    if group.placement is not None:
+                        producer.abort(self.config.transaction_timeout_ms / 1000)  # its events come again
                     capture, group = None, Group()
                     self._db = None
                     self._pending_ids, self._pending_lsn, self._unacked = [], None, 0
@@ -592,19 +637,10 @@ class Relay:
             producer.close()
 
     def _flush(self, producer: TransactionalProducer, group: Group, capture: Capture) -> None:
-        """Step 5 for ``group`` (after a fence, if the connection was disturbed), then step 6 when due."""
-        if producer.disturbed:
-            self._refence(producer)                                            # steps 1-2 again
-            position = self.position
-            done = [t for t in group.txns if position is not None and t.end_lsn <= position.end_lsn]
-            if done:  # another instance with this id relayed them meanwhile
-                self.report.skipped += sum(1 for t in done if t.events)
-                self._pend(done)
-                group.txns = group.txns[len(done):]
-                group.dead = {i - len(done) for i in group.dead if i >= len(done)}
-            if not group.txns:
-                return
+        """Step 5 for ``group``, then step 6 when due."""
         self._relay(producer, group, capture.source)                           # step 5
+        if not group.txns:
+            return
         self._pend(group.txns)
         if self._unacked >= self.config.ack_every:
             self._acknowledge(capture)                                         # step 6
