@@ -171,6 +171,8 @@ class Group:
     opened: float = 0.0
     placement: Placement | None = None
     """Set once its Kafka transaction is open: where its events went, by index in their partition."""
+    open: bool = False
+    """Its Kafka transaction is open (begun, not yet committed)."""
     held: dict[TopicPartition, tuple[int, bytes, bytes | None, list[Any]]] = field(default_factory=dict)
     """Each partition's newest event, produced when the next one comes or at the close: only then is it
     known to be the partition's last, whose delivery report the manifest needs."""
@@ -420,7 +422,7 @@ class Relay:
 
             self._count_partitions(AdminClient(self.client_config), set(self._partition_counts))
         producer.begin()
-        group.placement = Placement(frozenset(self._exact_topics))
+        group.placement, group.open = Placement(frozenset(self._exact_topics)), True
 
     def _stage(self, producer: TransactionalProducer, group: Group, txn: SourceTransaction) -> None:
         """Step 5's events, as ``txn`` (the group's newest) joins it: librdkafka sends them while the next
@@ -483,6 +485,7 @@ class Relay:
 
         producer.within(body, what=f"relaying {len(group.txns)} source transaction(s) up to "
                         f"{format_lsn(last.end_lsn)}", commit=True, timeout=self.config.transaction_timeout_ms / 1000)
+        group.open = False
         self.position = position
         _crash_point("committed")
         self.report.kafka_transactions += 1
@@ -616,7 +619,7 @@ class Relay:
                     log.warning("PostgreSQL connection lost (%s); reconnecting", str(exc).strip().splitlines()[0])
                     if capture is not None:
                         capture.close()
-                    if group.placement is not None:
+                    if group.open:
                         producer.abort(self.config.transaction_timeout_ms / 1000)  # its events come again
                     capture, group = None, Group()
                     self._db = None
