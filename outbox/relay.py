@@ -20,10 +20,12 @@ Steps of :meth:`Relay.run`, in order, with what a crash right after each leaves 
    (``relay.group``). Never split: one larger than the limits goes alone. A transaction
    with an event larger than Kafka takes is refused whole (``relay.on_oversized``),
    before anything of it is produced.
-5. **Relay** the group as one Kafka transaction: its events (key ``aggregateid``, value
-   the payload, headers from ``outbox.headers``; the partition chosen here as librdkafka's
-   default partitioner would, so each event's index in its partition is known), then,
-   from the delivery reports of each partition's first and last event, the manifest
+5. **Relay** the group as one Kafka transaction, opened when its first source transaction
+   arrives: its events, each source transaction's as it joins the group (key
+   ``aggregateid``, value the payload, headers from ``outbox.headers``; the partition
+   chosen here as librdkafka's default partitioner would, so each event's index in its
+   partition is known), then, at the close, from the delivery reports of each
+   partition's first and last event, the manifest
    (``outbox.manifest``: each source transaction's exact spans; a partition another
    producer wrote into meanwhile makes the group redo with a report per event), then the
    new position, then commit. Events, manifest and position become visible together or
@@ -35,7 +37,8 @@ Steps of :meth:`Relay.run`, in order, with what a crash right after each leaves 
    position back and reopens the slot, so the group is relayed again only if it did not
    commit. If the Kafka connection was disturbed since the last group
    (``connectors.producer``: without KIP-890 a late request could join the next
-   transaction), steps 1 and 2 run again first.
+   transaction), steps 1 and 2 run again before the next group opens. A PostgreSQL
+   connection lost while a group is open aborts it; the slot resends its transactions.
 6. **Acknowledge,** every ``ack_every`` source transactions and when idle or stopping:
    delete the relayed rows from the outbox table, then confirm the last relayed end LSN
    to the slot so the server can recycle WAL. *deleted*: rows gone, slot behind: the
