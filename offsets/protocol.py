@@ -47,6 +47,12 @@ ledger; docs/design.md has the table of every crash point between them):
    naming the exact intent). The marker is only a hint: without it, step 1 finds the
    quarantine's record in its history, or else re-reads the newest batch once to count
    its bad records — correct, only slower.
+6. **Checkpoint** (housekeeping after the batch, not part of it): each table the batch
+   committed to gets a checkpoint by delta-rs when ``checkpoint_every`` versions have
+   passed since its newest (:func:`offsets.tables.checkpoint_if_due`; Spark's own, in
+   the commit, seconds long, comes at a 100 times longer interval). A failure only logs:
+   the batch is committed, and Spark still checkpoints at its interval. A crash here
+   leaves the batch settled; the next batch checkpoints instead.
 
 Only public APIs are used: delta-spark's ``txnAppId``/``txnVersion``/``userMetadata``
 writer options and ``DeltaTable.history``, and delta-rs's ``transaction_version`` to
@@ -74,7 +80,7 @@ from typing import TYPE_CHECKING
 from connectors.admin import PartitionBounds
 from offsets.ledger import TP, Intent, Ledger, LedgerMismatchError, now_utc, recent_commits
 from offsets.planner import plan_ranges
-from offsets.tables import read_small_file, txn_version, write_small_file
+from offsets.tables import checkpoint_if_due, read_small_file, txn_version, write_small_file
 from tidemark.errors import TerminalError, TransientError
 
 log = logging.getLogger(__name__)
@@ -232,6 +238,7 @@ class CommitProtocol:
         self, spark: SparkSession, *, pipeline: str, target: str, quarantine: str, ledger: str,
         build_frames: FrameBuilder, partition_by: tuple[str, ...] = (), decide: Decide | None = None,
         revise: Revise | None = None, table_properties: Mapping[str, str] | None = None,
+        checkpoint_every: int | None = None,
     ) -> None:
         self.spark = spark
         self.pipeline = pipeline
@@ -240,6 +247,8 @@ class CommitProtocol:
         self.table_properties = dict(table_properties or {})
         """Delta properties each table is created with (writer options; an existing table keeps its own)."""
         self.ledger = Ledger(spark, ledger, pipeline, table_properties=self.table_properties)
+        self.checkpoint_every = checkpoint_every
+        """Step 6's interval in versions; None: Spark's own checkpoints only."""
         self.build_frames = build_frames
         self.decide = decide
         self.revise = revise
@@ -555,4 +564,19 @@ class CommitProtocol:
         result = self._write(intent, replayed=False, prepared=step)
         self._mark_settled(result.intent)
         self._reached("quarantined")
+        self._checkpoint(result)                                               # step 6
         return result
+
+    def _checkpoint(self, result: BatchResult) -> None:
+        """Step 6: checkpoint each table ``result``'s batch committed to, when due."""
+        if self.checkpoint_every is None:
+            return
+        for path in (self.target, self.ledger.path, *((self.quarantine,) if result.quarantined else ())):
+            try:
+                version = checkpoint_if_due(path, self.checkpoint_every)
+            except Exception as exc:  # noqa: BLE001 - housekeeping: the batch is committed either way
+                log.warning("checkpoint of %s failed (%s); Spark checkpoints it at its own interval", path, exc)
+                continue
+            if version is not None:
+                log.debug("checkpointed %s at version %d", path, version)
+        self._reached("checkpointed")

@@ -85,6 +85,33 @@ def txn_version(path: str, app_id: str) -> int | None:
     return table.transaction_version(app_id)
 
 
+def checkpoint_if_due(path: str, every: int) -> int | None:
+    """Checkpoint the Delta table at ``path`` by delta-rs if ``every`` versions have passed since its
+    newest checkpoint; the version checkpointed, or None.
+
+    Why not Spark's own: delta-spark checkpoints inside the commit that reaches its interval
+    (a post-commit hook: a Spark job over the whole state, then Parquet), seconds on a small
+    table, so every tenth batch took twice as long and set a follower's freshness tail.
+    delta-rs writes the same checkpoint in tens of milliseconds, after the commit, which is
+    already visible. Tidemark's tables are created with ``delta.checkpointInterval`` at
+    ``tidemark.config.SPARK_CHECKPOINT_FACTOR`` times ``every``, so Spark's in-commit checkpoint, which
+    also deletes expired log files, still comes, rarely. A checkpoint carries the ``txn``
+    actions, so the fence and recovery read the same state from it as from Spark's.
+    """
+    import json
+
+    from deltalake import DeltaTable
+
+    table = DeltaTable(path)
+    version = table.version()
+    last = read_text(path.rstrip("/") + "/_delta_log/_last_checkpoint")
+    newest = int(json.loads(last)["version"]) if last else 0
+    if version - newest < every:
+        return None
+    table.create_checkpoint()
+    return version
+
+
 def maintenance_marker(ledger_path: str, pipeline: str) -> str:
     """Where ``tidemark maintain`` records its last run (beside the ledger; VACUUM skips ``_`` folders)."""
     return f"{ledger_path.rstrip('/')}/_tidemark_maintenance/{pipeline}.json"

@@ -71,6 +71,7 @@ class IngestJob:
             build_frames=lambda intent: frames(spark, self.kafka_options, pipeline, intent,
                                                dedup_table=self.dedup_table, listed=self._listed_for(intent)),
             table_properties=pipeline.maintenance.table_properties(),
+            checkpoint_every=pipeline.maintenance.checkpoint_interval,
         )
         self.protocol.on_step = self._reached
         self._marks: list[tuple[str, float]] = []
@@ -198,7 +199,7 @@ class IngestJob:
     def _timing(self) -> str:
         """Seconds per step of the batch just committed, each named by the step it ends (offsets.protocol)."""
         names = {"recovered": "recover", "planned": "plan", "claimed": "claim", "committed": "commit",
-                 "revised": "revise", "quarantined": "settle"}
+                 "revised": "revise", "quarantined": "settle", "checkpointed": "checkpoint"}
         return ", ".join(f"{names.get(step, step)} {at - before:.2f}s"
                          for (_, before), (step, at) in zip(self._marks, self._marks[1:], strict=False))
 

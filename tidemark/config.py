@@ -136,6 +136,11 @@ class ScheduleConfig(BaseModel):
     "Per-batch cost vs history")."""
 
 
+#: New tables' ``delta.checkpointInterval`` is this many times ``maintenance.checkpoint_interval``:
+#: Tidemark checkpoints them itself in between (``offsets.tables.checkpoint_if_due``).
+SPARK_CHECKPOINT_FACTOR = 100
+
+
 class MaintenanceConfig(BaseModel):
     """What ``tidemark maintain`` keeps, and the table properties new tables are created with."""
 
@@ -153,7 +158,10 @@ class MaintenanceConfig(BaseModel):
     zorder_by: tuple[str, ...] = ()
     """Target columns compaction clusters rows by (``OPTIMIZE ... ZORDER BY``); empty: bin-packing only."""
     checkpoint_interval: Annotated[int, Field(ge=1, le=1000)] = 10
-    """``delta.checkpointInterval`` of new tables (Delta's default)."""
+    """Versions between checkpoints of each table (Delta's default interval). Tidemark writes them
+    with delta-rs right after its own commits (tens of milliseconds); new tables get
+    ``delta.checkpointInterval`` at 100 times this, so Spark's in-commit checkpoint, seconds
+    long, comes rarely (``offsets.tables.checkpoint_if_due``)."""
 
     @model_validator(mode="after")
     def _retention_keeps_promise(self) -> MaintenanceConfig:
@@ -174,7 +182,7 @@ class MaintenanceConfig(BaseModel):
         sets them on existing tables). Why each: docs/operations.md, "Maintenance"."""
         return {"delta.deletedFileRetentionDuration": f"interval {self.retain_hours:g} hours",
                 "delta.logRetentionDuration": f"interval {self.time_travel_hours:g} hours",
-                "delta.checkpointInterval": str(self.checkpoint_interval)}
+                "delta.checkpointInterval": str(self.checkpoint_interval * SPARK_CHECKPOINT_FACTOR)}
 
 
 EventIdSource = Annotated[str, Field(pattern=r"^(header:.+|key|field:[A-Za-z_][A-Za-z0-9_]*)$")]
