@@ -11,7 +11,9 @@ slots see them all. Then, in alternating order:
   by a plain idempotent producer (``acks=all``, no transactions, no manifest, no
   position), flushed where the relay would close a group (linger, events, idle), then
   acknowledged (deletes and slot confirmation): at-least-once. The ceiling the issue
-  sets: what exactly-once costs on top of the same relay.
+  sets: what exactly-once costs on top of the same relay. Its deletes go to a copy of
+  the outbox with the same rows and indexes (``<table>_twin``): deleting from the
+  relay's table would find the rows gone whenever the relay ran first.
 * ``plain-producer``: the same messages read from a copy of the rows in one query,
   produced with nothing else: the machine's and broker's ceiling.
 
@@ -67,7 +69,7 @@ def postgres(dsn: str | None) -> Iterator[str]:
 
 
 def fill(dsn: str, table: str, events: int, txn_size: int) -> None:
-    """``events`` outbox rows in committed transactions of ``txn_size``, and a copy of them."""
+    """``events`` outbox rows in committed transactions of ``txn_size``, a copy of them, and the twin's table."""
     import psycopg2
     from psycopg2.extras import execute_values
 
@@ -84,7 +86,12 @@ def fill(dsn: str, table: str, events: int, txn_size: int) -> None:
                                rows, template="(%s, %s, %s, %s, %s::jsonb)")
                 conn.commit()
             cur.execute(f"CREATE TABLE {table}_copy AS SELECT * FROM {name}")
+            cur.execute(f"CREATE TABLE {table}_twin (LIKE {name} INCLUDING ALL)")
+            cur.execute(f"INSERT INTO {table}_twin SELECT * FROM {name}")
         conn.commit()
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute("CHECKPOINT")  # neither contender pays for the fill's dirty pages
     finally:
         conn.close()
 
@@ -165,8 +172,8 @@ def run_nontxn(dsn: str, client: dict[str, str], relay: Any, slot: str, events: 
                 if producer.flush(60) != 0:  # at-least-once: delivered before acknowledged
                     raise AssertionError("nontxn relay: messages not delivered")
                 with db.cursor() as cur:
-                    cur.execute(f"DELETE FROM {TableName.parse(relay.table).sql} WHERE id = ANY(%s::uuid[])",
-                                (pending,))
+                    cur.execute(f"DELETE FROM {TableName.parse(relay.table + '_twin').sql} "
+                                "WHERE id = ANY(%s::uuid[])", (pending,))
                 capture.confirm(lsn)
                 pending, unflushed = [], 0
                 if first is None:

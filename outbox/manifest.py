@@ -24,7 +24,8 @@ the transaction is redone (:class:`InterleavedError`) with a report per event fo
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from connectors.producer import TransactionAbortedError
@@ -51,10 +52,7 @@ class Manifest:
     entries: tuple[ManifestEntry, ...]
 
     def encode(self) -> bytes:
-        return json.dumps({"v": 1, "relay": self.relay, "end_lsn": self.end_lsn, "txns": [
-            {"id": e.txn, "events": e.events, "spans": [list(s) for s in e.spans],
-             **({"dead_lettered": True} if e.dead_lettered else {})} for e in self.entries]},
-            separators=(",", ":")).encode()
+        return encode(self.relay, self.end_lsn, ((e.txn, e.events, e.spans, e.dead_lettered) for e in self.entries))
 
     @classmethod
     def decode(cls, raw: bytes) -> Manifest:
@@ -70,6 +68,29 @@ class Manifest:
 
 #: (topic, partition)
 TopicPartition = tuple[str, int]
+
+#: Text JSON writes as it is, between quotes (``json.dumps`` escapes nothing in it).
+_PLAIN = re.compile(r'[ !#-\[\]-~]*')
+
+
+def _json_text(text: str) -> str:
+    return f'"{text}"' if _PLAIN.fullmatch(text) else json.dumps(text)
+
+
+def encode(relay: str, end_lsn: str, entries: Iterable[tuple[str, int, tuple[Span, ...], bool]]) -> bytes:
+    """A manifest record: the bytes ``json.dumps`` gives its v1 object with compact separators,
+    written directly, because the relay writes one per Kafka transaction with an entry per
+    source transaction, and building the object first cost more than the rest of the manifest.
+    ``entries``: (id, events, spans, dead-lettered), as :class:`ManifestEntry` holds them."""
+    names: dict[str, str] = {}
+    parts = []
+    for txn, events, spans, dead in entries:
+        listed = ",".join(f"[{names.get(t) or names.setdefault(t, _json_text(t))},{p},{a},{b},{n}]"
+                          for t, p, a, b, n in spans)
+        tail = ',"dead_lettered":true}' if dead else "}"
+        parts.append(f'{{"id":{_json_text(txn)},"events":{events},"spans":[{listed}]{tail}')
+    return (f'{{"v":1,"relay":{_json_text(relay)},"end_lsn":{_json_text(end_lsn)},"txns":[' + ",".join(parts)
+            + "]}").encode()
 
 
 class InterleavedError(TransactionAbortedError):
@@ -116,13 +137,22 @@ class Placement:
         Raises :class:`InterleavedError` where another producer's record lies between the first
         and the last of ours in a partition whose events were not all reported.
         """
-        interleaved = [tp for tp, n in self.sent.items() if tp[0] not in self.exact
+        exact = self.exact
+        interleaved = [tp for tp, n in self.sent.items() if tp[0] not in exact
                        and offsets[tp][n - 1] - offsets[tp][0] != n - 1]
         if interleaved:
             raise InterleavedError(interleaved)
-
-        def offset(tp: TopicPartition, index: int) -> int:
-            return offsets[tp][index] if tp[0] in self.exact else offsets[tp][0] + index
-
-        return [tuple(sorted((tp[0], tp[1], offset(tp, a), offset(tp, b), n) for tp, (a, b, n) in spans.items()))
-                for spans in self.txns]
+        first = {tp: reported[0] for tp, reported in offsets.items() if tp[0] not in exact}
+        resolved: list[tuple[Span, ...]] = []
+        for spans in self.txns:
+            made = []
+            for tp, (a, b, n) in spans.items():
+                base = first.get(tp)
+                if base is None:
+                    made.append((tp[0], tp[1], offsets[tp][a], offsets[tp][b], n))
+                else:
+                    made.append((tp[0], tp[1], base + a, base + b, n))
+            if len(made) > 1:
+                made.sort()
+            resolved.append(tuple(made))
+        return resolved

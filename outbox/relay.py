@@ -86,7 +86,7 @@ from outbox.capture import (
     TransactionTooLargeError,
 )
 from outbox.deadletter import OversizedEventError, acknowledged, dead_letter_events
-from outbox.manifest import InterleavedError, Manifest, ManifestEntry, Placement, TopicPartition
+from outbox.manifest import InterleavedError, Placement, TopicPartition, encode
 from outbox.pgoutput import format_lsn
 from outbox.position import (
     OFFSETS_TOPIC_CONFIG,
@@ -118,6 +118,9 @@ MAX_REDOS = 10
 
 #: How often the relay reads its topics' partition counts again (librdkafka's own metadata refresh).
 PARTITIONS_REFRESH_SECONDS = 300.0
+
+#: Staged events handed to librdkafka at a time: one call per batch, not per source transaction.
+SEND_BATCH = 512
 
 
 def _admin_call(call: Callable[[], Any]) -> Any:
@@ -181,6 +184,8 @@ class Group:
     known to be the partition's last, whose delivery report the manifest needs."""
     offsets: dict[TopicPartition, dict[int, int]] = field(default_factory=dict)
     failed: list[str] = field(default_factory=list)
+    unsent: list[tuple[TopicPartition, int, bytes, bytes | None, list[Any]]] = field(default_factory=list)
+    """Events staged but not yet handed to librdkafka (they go in batches of :data:`SEND_BATCH`)."""
 
     def delivered(self, tp: TopicPartition, index: int, err: Any, msg: Any) -> None:
         """A delivery report of an event the manifest needs the offset of."""
@@ -434,9 +439,9 @@ class Relay:
             self._open(producer, group)
             if not group.txns or group.txns[-1] is not txn:
                 return  # relayed by another instance meanwhile
-        placement, held, offsets = group.placement, group.held, group.offsets
+        placement, held, offsets, unsent = group.placement, group.held, group.offsets, group.unsent
         assert placement is not None
-        counts, out = self._partition_counts, []
+        counts = self._partition_counts
         spans = placement.open()
         for topic, key, value, headers in self._messages(txn):
             tp = (topic, partition_for(key, counts[topic]))
@@ -445,13 +450,20 @@ class Relay:
             if before is None:
                 offsets[tp] = {}
             else:
-                out.append((tp, *before))
+                unsent.append((tp, *before))
             held[tp] = (index, key, value, headers)
-        exact = placement.exact
-        producer.within(lambda p: p.produce_all(
-            (tp[0], tp[1], key, value, headers,
-             partial(group.delivered, tp, index) if index == 0 or tp[0] in exact else None)
-            for tp, index, key, value, headers in out), what=f"relaying source transaction {txn.xid}")
+        if len(unsent) >= SEND_BATCH:
+            producer.within(lambda p: self._send(p, group), what=f"relaying source transaction {txn.xid}")
+
+    @staticmethod
+    def _send(p: TransactionalProducer, group: Group) -> None:
+        """Hand ``group.unsent`` to librdkafka, asking for the delivery reports the manifest needs:
+        a partition's first event, and every event of an :attr:`Placement.exact` topic."""
+        exact = group.placement.exact if group.placement is not None else frozenset()
+        p.produce_all((tp[0], tp[1], key, value, headers,
+                       partial(group.delivered, tp, index) if index == 0 or tp[0] in exact else None)
+                      for tp, index, key, value, headers in group.unsent)
+        group.unsent.clear()
 
     def _relay(self, producer: TransactionalProducer, group: Group, source: Source | None) -> None:
         """Close the group's Kafka transaction: held events, manifest, position, commit (then :attr:`position`)."""
@@ -465,6 +477,7 @@ class Relay:
         position = Position(last.end_lsn, last.xid, datetime.now(UTC).isoformat(), source)
 
         def body(p: TransactionalProducer) -> None:
+            self._send(p, group)
             p.produce_all((tp[0], tp[1], key, value, headers, partial(group.delivered, tp, index))
                           for tp, (index, key, value, headers) in group.held.items())
             _crash_point("produced")
@@ -476,11 +489,11 @@ class Relay:
             except InterleavedError as interleaved:
                 self._exact_topics |= interleaved.topics
                 raise
-            manifest = Manifest(self.config.id, format_lsn(position.end_lsn), tuple(
-                ManifestEntry(f"{format_lsn(t.commit_lsn)}/{t.xid}", len(t.events),
-                              () if i in group.dead else next(resolved), i in group.dead)
+            dead = group.dead
+            manifest = encode(self.config.id, format_lsn(position.end_lsn), (
+                (f"{format_lsn(t.commit_lsn)}/{t.xid}", len(t.events), () if i in dead else next(resolved), i in dead)
                 for i, t in enumerate(group.txns) if t.events))
-            p.produce(self.config.manifest_topic, key=self.config.id.encode(), value=manifest.encode())
+            p.produce(self.config.manifest_topic, key=self.config.id.encode(), value=manifest)
             _crash_point("manifested")
             p.produce(self.config.offsets_topic, key=self.config.id.encode(), value=position.to_json(self.config.id),
                       partition=self._offsets_partition)

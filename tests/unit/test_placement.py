@@ -61,3 +61,27 @@ def test_spans_match_a_report_per_event_on_random_groups() -> None:
             cursor += len(events)
             expected.append(tuple(sorted((tp[0], tp[1], min(o), max(o), len(o)) for tp, o in mine.items())))
         assert placement.resolve(reported) == expected
+
+
+def test_the_manifest_encoder_writes_what_json_dumps_writes() -> None:
+    import json
+
+    from outbox.manifest import Manifest, ManifestEntry
+
+    rng = random.Random(3)
+    alphabet = ["a", "Z", "0", "/", ".", "-", '"', "\\", "é", "\n", " ", "~", "\x7f", "\x1f", "😀"]
+
+    def text() -> str:
+        return "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 8)))
+
+    for _ in range(2000):
+        manifest = Manifest(text(), text(), tuple(
+            ManifestEntry(text(), rng.randint(0, 99), tuple(
+                (text(), rng.randint(0, 9), rng.randint(0, 10**12), rng.randint(0, 10**12), rng.randint(1, 50))
+                for _ in range(rng.randint(0, 4))), rng.random() < 0.2)
+            for _ in range(rng.randint(0, 5))))
+        plain = {"v": 1, "relay": manifest.relay, "end_lsn": manifest.end_lsn, "txns": [
+            {"id": e.txn, "events": e.events, "spans": [list(s) for s in e.spans],
+             **({"dead_lettered": True} if e.dead_lettered else {})} for e in manifest.entries]}
+        assert manifest.encode() == json.dumps(plain, separators=(",", ":")).encode()
+        assert Manifest.decode(manifest.encode()) == manifest
