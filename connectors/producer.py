@@ -119,7 +119,7 @@ class TransactionalProducer:
     @property
     def disturbed(self) -> str | None:
         """Why the instance should be renewed before the next transaction, or None."""
-        self._producer.poll(0)  # serve pending error events first
+        _serve(lambda: self._producer.poll(0))  # serve pending error events first
         return self._disturbed
 
     def renew(self) -> None:
@@ -167,7 +167,7 @@ class TransactionalProducer:
         """``init_transactions()``: completes or aborts the previous instance's open transaction and fences it."""
         self._init_timeout = timeout
         self._call("init_transactions", lambda: self._producer.init_transactions(timeout))
-        self._producer.poll(0)
+        _serve(lambda: self._producer.poll(0))
         self._disturbed = None  # whatever happened before the fence cannot reach past it
 
     def produce(self, topic: str, *, key: bytes | None, value: bytes | None,
@@ -260,7 +260,7 @@ class TransactionalProducer:
         the one that ended its caller's work.
         """
         try:
-            self._producer.flush(timeout)
+            _serve(lambda: self._producer.flush(timeout))
         except KafkaException as exc:
             log.debug("%s: closing an instance in error: %s", self.transactional_id, exc.args[0])
         _destroy(self._producer, self.transactional_id)

@@ -14,7 +14,8 @@ Why :class:`Placement` and not a delivery report per event: a report costs a Pyt
 and a message object per event, the largest cost the relay had over a plain producer.
 The relay picks each event's partition itself, so it knows each event's index among the
 events the Kafka transaction puts in that partition, and asks for the reports of the
-first and the last there only (and of every event in the :attr:`Placement.exact` topics). One producer's records in one partition keep their order
+first and the last there only (and of every event in the :attr:`Placement.exact` topics).
+One producer's records in one partition keep their order
 (idempotence), so when the last offset is the first plus the count less one, no other
 record lies between them and every event's offset is the first plus its index. When
 another producer's record does lie between them, the offsets in between are unknown:
