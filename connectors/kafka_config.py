@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
 from tidemark.config import KafkaConnection
+from tidemark.errors import ConfigError
 
 _JAAS_MODULE = {
     "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
@@ -35,14 +37,28 @@ def librdkafka_config(conn: KafkaConnection, bootstrap: str) -> dict[str, Any]:
     if sec.sasl_mechanism:
         props["sasl.mechanism"] = sec.sasl_mechanism
         props["sasl.username"] = sec.sasl_username or ""
-        props["sasl.password"] = sec.sasl_password.get_secret_value() if sec.sasl_password else ""
-    if sec.ssl_ca_location:
-        props["ssl.ca.location"] = str(sec.ssl_ca_location)
+        props["sasl.password"] = sec.secret("sasl_password")
+    if sec.protocol.endswith("SSL"):
+        props["ssl.endpoint.identification.algorithm"] = "https" if sec.ssl_verify_hostname else "none"
+        if sec.ssl_ca_location:
+            props["ssl.ca.location"] = str(_readable(sec.ssl_ca_location, "ssl_ca_location"))
+        if sec.ssl_certificate_location and sec.ssl_key_location:
+            props["ssl.certificate.location"] = str(_readable(sec.ssl_certificate_location, "ssl_certificate_location"))
+            props["ssl.key.location"] = str(_readable(sec.ssl_key_location, "ssl_key_location"))
+            key_password = sec.secret("ssl_key_password", required=False)
+            if key_password is not None:
+                props["ssl.key.password"] = key_password
     return props
 
 
 def spark_options(conn: KafkaConnection, bootstrap: str) -> dict[str, str]:
-    """``kafka.*`` options for Spark's Kafka source, always read_committed."""
+    """``kafka.*`` options for Spark's Kafka source, always read_committed.
+
+    The SASL password travels in ``kafka.sasl.jaas.config``, the one way the Java client
+    takes it. Spark redacts option values matching ``spark.redaction.regex`` (``password``)
+    in plans and the UI, and the Java client prints the JAAS line as ``[hidden]``; the
+    no-leak test holds both to it.
+    """
     sec = conn.security
     opts = {
         "kafka.bootstrap.servers": bootstrap,
@@ -50,14 +66,67 @@ def spark_options(conn: KafkaConnection, bootstrap: str) -> dict[str, str]:
         "kafka.isolation.level": "read_committed",
     }
     if sec.sasl_mechanism:
-        password = sec.sasl_password.get_secret_value() if sec.sasl_password else ""
-        user = (sec.sasl_username or "").replace('"', '\\"')
-        password = password.replace('"', '\\"')
+        password = (sec.secret("sasl_password") or "").replace("\\", "\\\\").replace('"', '\\"')
+        user = (sec.sasl_username or "").replace("\\", "\\\\").replace('"', '\\"')
         opts["kafka.sasl.mechanism"] = sec.sasl_mechanism
         opts["kafka.sasl.jaas.config"] = (
             f'{_JAAS_MODULE[sec.sasl_mechanism]} required username="{user}" password="{password}";'
         )
-    if sec.ssl_ca_location:
-        opts["kafka.ssl.truststore.type"] = "PEM"
-        opts["kafka.ssl.truststore.location"] = str(sec.ssl_ca_location)
+    if sec.protocol.endswith("SSL"):
+        opts["kafka.ssl.endpoint.identification.algorithm"] = "https" if sec.ssl_verify_hostname else ""
+        if sec.ssl_ca_location:
+            opts["kafka.ssl.truststore.type"] = "PEM"
+            opts["kafka.ssl.truststore.location"] = str(_readable(sec.ssl_ca_location, "ssl_ca_location"))
+        if sec.ssl_certificate_location and sec.ssl_key_location:
+            key_password = sec.secret("ssl_key_password", required=False)
+            opts["kafka.ssl.keystore.type"] = "PEM"
+            opts["kafka.ssl.keystore.location"] = str(pem_keystore(
+                _readable(sec.ssl_certificate_location, "ssl_certificate_location"),
+                _readable(sec.ssl_key_location, "ssl_key_location"), key_password))
+            if key_password is not None:
+                opts["kafka.ssl.key.password"] = key_password
     return opts
+
+
+def _readable(path: Path, setting: str) -> Path:
+    """``path`` expanded, or a ConfigError naming the setting: a missing file must not
+    surface as a TLS handshake failure minutes later."""
+    full = path.expanduser()
+    if not full.is_file():
+        raise ConfigError(f"kafka.security.{setting}: no file at {full}; fix the path in tidemark.yaml")
+    return full
+
+
+def pem_keystore(certificate: Path, key: Path, password: str | None) -> Path:
+    """One PEM file with the client's private key and certificate chain: the only form the
+    Java client's PEM keystore takes (``ssl.keystore.location``), which also wants the key in
+    PKCS#8. Written once per certificate/key content under ``$TIDEMARK_HOME/run`` (mode 0600),
+    so a rotated certificate gets a new file and the old one is never read again.
+    """
+    import hashlib
+
+    from cryptography.hazmat.primitives import serialization
+
+    from tidemark.settings import settings
+
+    cert_pem, key_pem = certificate.read_bytes(), key.read_bytes()
+    digest = hashlib.sha256(cert_pem + b"\0" + key_pem).hexdigest()[:16]
+    out = settings().home_dir / "run" / f"kafka-keystore-{digest}.pem"
+    if out.exists():
+        return out
+    secret = password.encode() if password is not None else None
+    try:
+        private = serialization.load_pem_private_key(key_pem, password=secret)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"kafka.security.ssl_key_location: {key} is not a PEM private key this "
+                          f"password opens ({exc}); check the file and ssl_key_password") from None
+    encryption: serialization.KeySerializationEncryption = (
+        serialization.BestAvailableEncryption(secret) if secret else serialization.NoEncryption())
+    pkcs8 = private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption)
+    out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = out.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pkcs8 + cert_pem)
+    os.replace(tmp, out)
+    return out

@@ -10,11 +10,21 @@ broker's own ``StorageTool``; the cluster formats with ``transaction.version=2``
 
 State lives under ``<root>/node-<i>/``: ``server.properties``, ``data/``, ``broker.log``
 and ``broker.pid``.
+
+Secured (``security="sasl_ssl"`` or ``"mtls"``), the client listener speaks TLS with a
+certificate from a throwaway local CA (``infra.tls``, under ``<root>/secrets``) and
+authenticates every client, by SCRAM-SHA-512/256 (users made at format time with
+``--add-scram``) or by client certificate (CN = principal). The ``StandardAuthorizer``
+denies whatever no ACL allows; ``admin`` and the brokers themselves are super users, and
+the controller listener stays PLAINTEXT on loopback (its anonymous principal is a super
+user: only brokers on this host reach it).
 """
 
 from __future__ import annotations
 
 import base64
+import os
+import secrets
 import socket
 import subprocess
 import uuid
@@ -32,7 +42,13 @@ from infra.process import (
     tail,
     wait_until,
 )
+from infra.tls import LocalCA
+from tidemark.config import KafkaSecurity
 from tidemark.errors import ServiceStartError
+
+#: Principals of a secured embedded cluster: a super user, and the two whose least
+#: privileges ``infra.acls`` grants.
+PRINCIPALS = ("admin", "relay", "ingest")
 
 _LOG4J2 = """\
 status = warn
@@ -94,10 +110,15 @@ def new_cluster_id() -> str:
 class EmbeddedKafka:
     """Start, probe and stop the local KRaft cluster whose state lives in ``root``."""
 
-    def __init__(self, root: Path, jars: JarSet, *, port: int = 19092, brokers: int = 1, heap: str = "512m") -> None:
+    def __init__(self, root: Path, jars: JarSet, *, port: int = 19092, brokers: int = 1, heap: str = "512m",
+                 security: str = "plaintext") -> None:
         if brokers not in (1, 3):
             raise ValueError("the embedded cluster runs 1 or 3 brokers")
+        if security not in ("plaintext", "sasl_ssl", "mtls"):
+            raise ValueError("the embedded cluster's security is plaintext, sasl_ssl or mtls")
         self.root = root
+        self.security = security
+        self.ca = LocalCA(root / "secrets")
         self.jars = jars
         self.heap = heap
         self.nodes = [
@@ -111,6 +132,73 @@ class EmbeddedKafka:
     @property
     def version(self) -> str:
         return self.jars.version_of("kafka_2.13")
+
+    # -- security -------------------------------------------------------------------
+
+    @property
+    def _listener(self) -> str:
+        return {"plaintext": "PLAINTEXT", "sasl_ssl": "SASL_SSL", "mtls": "SSL"}[self.security]
+
+    def password_file(self, principal: str) -> Path:
+        """Where the SCRAM password of ``principal`` is kept (made on first use, mode 0600)."""
+        path = self.ca.directory / f"{principal}.password"
+        if not path.exists():
+            self.ca.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_urlsafe(24))
+        return path
+
+    def client_security(self, principal: str = "admin") -> KafkaSecurity:
+        """How a client authenticates as ``principal`` to this cluster (files, never secrets in clear)."""
+        if self.security == "plaintext":
+            return KafkaSecurity()
+        ca = self.ca.certificate
+        if not ca.exists():
+            self.ca.issue("broker", server=True)
+        if self.security == "sasl_ssl":
+            return KafkaSecurity(protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512", sasl_username=principal,
+                                 sasl_password_file=self.password_file(principal), ssl_ca_location=ca)
+        pem = self.ca.issue(principal)
+        return KafkaSecurity(protocol="SSL", ssl_ca_location=ca, ssl_certificate_location=pem.certificate,
+                             ssl_key_location=pem.key)
+
+    def _security_lines(self) -> list[str]:
+        if self.security == "plaintext":
+            return []
+        broker = self.ca.issue("broker", server=True)
+        lines = [
+            "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "allow.everyone.if.no.acl.found=false",
+            "super.users=User:admin;User:broker;User:ANONYMOUS",
+            "ssl.keystore.type=PEM",
+            f"ssl.keystore.location={broker.combined}",
+            "ssl.truststore.type=PEM",
+            f"ssl.truststore.location={self.ca.certificate}",
+            "ssl.endpoint.identification.algorithm=https",
+        ]
+        if self.security == "sasl_ssl":
+            password = self.password_file("admin").read_text().strip()
+            lines += [
+                "sasl.enabled.mechanisms=SCRAM-SHA-512,SCRAM-SHA-256",
+                "sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512",
+                *(f"listener.name.sasl_ssl.{m}.sasl.jaas.config=org.apache.kafka.common.security.scram."
+                  f'ScramLoginModule required username="admin" password="{password}";'
+                  for m in ("scram-sha-512", "scram-sha-256")),
+            ]
+        else:
+            lines += ["ssl.client.auth=required", "ssl.principal.mapping.rules=RULE:^CN=([^,]+)$/$1/,DEFAULT"]
+        return lines
+
+    def _scram_users(self) -> list[str]:
+        if self.security != "sasl_ssl":
+            return []
+        out = []
+        for principal in PRINCIPALS:
+            password = self.password_file(principal).read_text().strip()
+            for mechanism in ("SCRAM-SHA-512", "SCRAM-SHA-256"):
+                out += ["--add-scram", f"{mechanism}=[name={principal},password={password}]"]
+        return out
 
     # -- configuration ------------------------------------------------------------
 
@@ -126,11 +214,12 @@ class EmbeddedKafka:
             "process.roles=broker,controller",
             f"node.id={node.node_id}",
             quorum,
-            f"listeners=PLAINTEXT://{LOOPBACK}:{node.client_port},CONTROLLER://{LOOPBACK}:{node.controller_port}",
-            f"advertised.listeners=PLAINTEXT://{LOOPBACK}:{node.client_port}",
+            f"listeners={self._listener}://{LOOPBACK}:{node.client_port},CONTROLLER://{LOOPBACK}:{node.controller_port}",
+            f"advertised.listeners={self._listener}://{LOOPBACK}:{node.client_port}",
             "controller.listener.names=CONTROLLER",
-            "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-            "inter.broker.listener.name=PLAINTEXT",
+            f"listener.security.protocol.map=CONTROLLER:PLAINTEXT,{self._listener}:{self._listener}",
+            f"inter.broker.listener.name={self._listener}",
+            *self._security_lines(),
             f"log.dirs={node.directory / 'data'}",
             "num.partitions=1",
             f"default.replication.factor={rf}",
@@ -164,7 +253,7 @@ class EmbeddedKafka:
                 continue
             extra = ["--standalone"] if len(self.nodes) == 1 else []
             cmd = self._java("kafka.tools.StorageTool", "format", "-t", cluster_id,
-                             "-c", str(node.directory / "server.properties"), *extra)
+                             "-c", str(node.directory / "server.properties"), *extra, *self._scram_users())
 
             proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if proc.returncode != 0:
@@ -191,7 +280,9 @@ class EmbeddedKafka:
         )
         for node in self.nodes:
             node.directory.mkdir(parents=True, exist_ok=True)
-            (node.directory / "server.properties").write_text(self._properties(node))
+            props = node.directory / "server.properties"
+            props.touch(mode=0o600)  # the inter-broker SCRAM password is in it
+            props.write_text(self._properties(node))
         self._format()
         for node in to_start:
             self._spawn(node)
@@ -215,8 +306,12 @@ class EmbeddedKafka:
 
         if not all(_accepts(n.client_port) for n in self.nodes):
             return False
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "socket.timeout.ms": 2000,
-                             "log_level": 0})
+        from connectors.kafka_config import librdkafka_config
+        from tidemark.config import KafkaConnection
+
+        conf = librdkafka_config(KafkaConnection(security=self.client_security()), self.bootstrap_servers)
+        conf.pop("logger", None)
+        admin = AdminClient({**conf, "socket.timeout.ms": 2000, "log_level": 0})
         try:
             metadata = admin.list_topics(timeout=2)
         except KafkaException:

@@ -39,7 +39,8 @@ class Stack:
             return None
         jars = jar_cache.resolve(self.settings.home_dir, "kafka")
         k = self.settings.kafka
-        return EmbeddedKafka(self.root / "kafka", jars, port=k.port, brokers=k.brokers, heap=k.heap)
+        root = self.root / ("kafka" if k.security == "plaintext" else f"kafka-{k.security}")
+        return EmbeddedKafka(root, jars, port=k.port, brokers=k.brokers, heap=k.heap, security=k.security)
 
     def postgres(self) -> EmbeddedPostgres | None:
         if self.settings.postgres.dsn is not None:

@@ -68,11 +68,11 @@ def _relay_child() -> psutil.Process | None:
 def run(settings: Settings, endpoints: Endpoints, *, duration: float = 60, every: float = 5,
         progress: Any = print) -> Summary:
     from outbox.schema import TableName, init_outbox
-    from tidemark.config import load_config
+    from tidemark.context import load
 
     run_id = uuid.uuid4().hex[:8]
     config_path = _write_config(settings, endpoints, run_id)
-    config = load_config(config_path)
+    config = load(config_path)
     relay_cfg, pipeline = config.relay, config.pipelines[0]
     table = TableName.parse(relay_cfg.table)
     init_outbox(endpoints.postgres_dsn, table=table, publication=relay_cfg.publication_name, slot=relay_cfg.slot_name)

@@ -313,11 +313,12 @@ def _relay_context(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from pathlib import Path
 
     from connectors.kafka_config import librdkafka_config
-    from tidemark.config import TidemarkConfig, load_config
+    from tidemark.config import TidemarkConfig
+    from tidemark.context import load, preflight, with_stack_security
 
     path = Path(args.config)
     # The relay runs on defaults (embedded stack, table public.outbox) when there is no config file.
-    config = load_config(path) if path.exists() or args.config != "tidemark.yaml" else TidemarkConfig()
+    config = load(path) if path.exists() or args.config != "tidemark.yaml" else with_stack_security(TidemarkConfig())
     if args.relay_id:
         config = config.model_copy(update={"relay": config.relay.model_copy(update={"id": args.relay_id})})
     secret = config.postgres.dsn or settings().postgres.dsn
@@ -328,6 +329,7 @@ def _relay_context(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
         endpoints = Stack(settings()).endpoints()
         dsn, bootstrap = dsn or endpoints.postgres_dsn, bootstrap or endpoints.kafka_bootstrap
+    preflight(config, bootstrap)
     return config, dsn, librdkafka_config(config.kafka, bootstrap)
 
 
@@ -414,9 +416,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from infra.stack import Stack
-    from tidemark.config import load_config
+    from tidemark.context import load
 
-    config = load_config(Path(args.config))
+    config = load(args.config)
     if not config.pipelines and not args.relay:
         raise ConfigError(f"{args.config} declares no pipelines and --relay was not given: nothing to serve")
     stack = Stack(settings())
@@ -454,14 +456,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     import json
-    from pathlib import Path
 
     from orchestration.status import pipeline_status, relay_summary
-    from tidemark.config import load_config
-    from tidemark.context import PipelineContext, resolve_bootstrap
+    from tidemark.context import PipelineContext, load, preflight, resolve_bootstrap
 
-    config = load_config(Path(args.config))
+    config = load(args.config)
     bootstrap = resolve_bootstrap(config)
+    preflight(config, bootstrap)
     quality_dir = settings().home_dir / "quality"
     statuses = [pipeline_status(PipelineContext(config, p, bootstrap), quality_dir) for p in config.pipelines]
     relay = None
@@ -500,6 +501,27 @@ def _size(n: int) -> str:
 
 
 # -- demo ---------------------------------------------------------------------------
+
+
+def cmd_acls(args: argparse.Namespace) -> int:
+    """The ACLs the relay and the ingest need for this config; with --apply, created."""
+    from connectors.acls import apply, ingest_grants, relay_grants
+    from connectors.kafka_config import librdkafka_config
+    from tidemark.context import load, preflight, resolve_bootstrap
+
+    config = load(args.config)
+    grants = relay_grants(config, f"User:{args.relay_principal}") + ingest_grants(
+        config, f"User:{args.ingest_principal}")
+    bootstrap = resolve_bootstrap(config)
+    if not args.apply:
+        for g in grants:
+            print(g.command(bootstrap))
+        return 0
+    preflight(config, bootstrap)
+    apply(librdkafka_config(config.kafka, bootstrap), grants)
+    print(f"created {sum(len(g.operations) for g in grants)} ACL(s) for User:{args.relay_principal} (relay) and "
+          f"User:{args.ingest_principal} (ingest)")
+    return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -629,6 +651,16 @@ def build_parser() -> argparse.ArgumentParser:
     status_p.add_argument("--no-relay", dest="relay", action="store_false", help="skip the relay's section")
     status_p.add_argument("--json", action="store_true", help="machine-readable output")
     status_p.set_defaults(func=cmd_status)
+
+    acls = sub.add_parser("acls", help="the Kafka ACLs the relay and the ingest need (kafka-acls commands); "
+                                       "--apply creates them")
+    acls.add_argument("--config", default="tidemark.yaml", help="config file (default ./tidemark.yaml)")
+    acls.add_argument("--relay-principal", default="relay", metavar="NAME", help="the relay's user (default relay)")
+    acls.add_argument("--ingest-principal", default="ingest", metavar="NAME",
+                      help="the ingest's user (default ingest)")
+    acls.add_argument("--apply", action="store_true", help="create them, connecting as kafka.security says "
+                                                             "(a principal allowed to alter ACLs)")
+    acls.set_defaults(func=cmd_acls)
 
     demo = sub.add_parser("demo", help="run the end-to-end demo on the embedded stack")
     demo.add_argument("--keep", action="store_true", help="leave the stack running afterwards")

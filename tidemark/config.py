@@ -8,6 +8,7 @@ Secrets (SASL password, TLS key password) are SecretStr and never printed.
 
 from __future__ import annotations
 
+import os
 import re
 from datetime import datetime
 from pathlib import Path
@@ -34,6 +35,14 @@ LineageColumn = Literal["topic", "partition", "offset", "timestamp", "key", "hea
 
 
 class KafkaSecurity(BaseModel):
+    """How every client (relay, admin, scans, Spark's Kafka source) authenticates to Kafka.
+
+    Secrets never need to be in ``tidemark.yaml`` in clear: each may instead be read from
+    a file (``*_file``, e.g. a mounted Kubernetes secret) or an environment variable
+    (``*_env``, its name), at the moment a client is configured, so a rotated file is
+    picked up by the next run without a config change.
+    """
+
     model_config = _MODEL
 
     protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
@@ -41,16 +50,64 @@ class KafkaSecurity(BaseModel):
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
     sasl_username: str | None = None
     sasl_password: SecretStr | None = None
+    sasl_password_file: Path | None = None
+    """A file holding the SASL password (one line; surrounding whitespace ignored)."""
+    sasl_password_env: str | None = None
+    """The name of an environment variable holding the SASL password."""
     ssl_ca_location: Path | None = None
-    """PEM file of the CA that signed the brokers' certificates."""
+    """PEM file of the CA that signed the brokers' certificates (default: the system's CAs)."""
+    ssl_certificate_location: Path | None = None
+    """PEM client certificate (chain) for mutual TLS; needs ``ssl_key_location``."""
+    ssl_key_location: Path | None = None
+    """PEM private key of the client certificate (PKCS#8 or traditional, encrypted or not)."""
+    ssl_key_password: SecretStr | None = None
+    ssl_key_password_file: Path | None = None
+    ssl_key_password_env: str | None = None
+    ssl_verify_hostname: bool = True
+    """Check that the broker's certificate names the host connected to. Turn off only for a
+    broker whose certificate cannot name its address, and know that TLS then no longer
+    tells the broker from anyone holding a certificate from the same CA."""
 
     @model_validator(mode="after")
-    def _sasl_complete(self) -> KafkaSecurity:
+    def _complete(self) -> KafkaSecurity:
+        for name in ("sasl_password", "ssl_key_password"):
+            given = [n for n in (name, f"{name}_file", f"{name}_env") if getattr(self, n) is not None]
+            if len(given) > 1:
+                raise ValueError(f"give one of {', '.join(given)}, not several")
         if self.protocol.startswith("SASL"):
-            missing = [n for n in ("sasl_mechanism", "sasl_username", "sasl_password") if getattr(self, n) is None]
+            missing = [n for n in ("sasl_mechanism", "sasl_username") if getattr(self, n) is None]
+            if not (self.sasl_password or self.sasl_password_file or self.sasl_password_env):
+                missing.append("sasl_password (or sasl_password_file, sasl_password_env)")
             if missing:
                 raise ValueError(f"protocol {self.protocol} needs {', '.join(missing)}")
+        if (self.ssl_certificate_location is None) != (self.ssl_key_location is None):
+            raise ValueError("mutual TLS needs both ssl_certificate_location and ssl_key_location")
+        if self.ssl_certificate_location is not None and not self.protocol.endswith("SSL"):
+            raise ValueError(f"a client certificate needs protocol SSL or SASL_SSL, not {self.protocol}")
         return self
+
+    def secret(self, name: str, *, required: bool = True) -> str | None:
+        """The value of secret ``name`` (``sasl_password``, ``ssl_key_password``), from
+        wherever it is configured; read now, never cached, so a rotated file is seen."""
+        value: SecretStr | None = getattr(self, name)
+        if value is not None:
+            return value.get_secret_value()
+        path: Path | None = getattr(self, f"{name}_file")
+        if path is not None:
+            try:
+                return path.expanduser().read_text().strip()
+            except OSError as exc:
+                raise ConfigError(f"kafka.security.{name}_file: cannot read {path} ({exc.strerror}); "
+                                  "fix the path or the file's permissions") from None
+        env: str | None = getattr(self, f"{name}_env")
+        if env is not None:
+            if env not in os.environ:
+                raise ConfigError(f"kafka.security.{name}_env names {env}, which is not set; "
+                                  f"export {env} before running Tidemark")
+            return os.environ[env]
+        if required:
+            raise ConfigError(f"kafka.security.{name} is not configured")
+        return None
 
 
 class KafkaConnection(BaseModel):

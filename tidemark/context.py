@@ -34,6 +34,38 @@ class PipelineContext:
         return spark_options(self.config.kafka, self.bootstrap)
 
 
+def load(path: str | Path) -> TidemarkConfig:
+    """``tidemark.yaml`` as the commands use it: against a secured embedded cluster, a config
+    that names no credentials connects as the cluster's ``admin`` (its files under
+    ``TIDEMARK_HOME``), so the two README commands work whatever the stack's security."""
+    return with_stack_security(load_config(Path(path)))
+
+
+def with_stack_security(config: TidemarkConfig) -> TidemarkConfig:
+    if config.kafka.bootstrap_servers is not None or config.kafka.security.protocol != "PLAINTEXT":
+        return config
+    if settings().kafka.security == "plaintext":
+        return config
+    from infra.stack import Stack
+
+    kafka = Stack(settings()).kafka()
+    if kafka is None:
+        return config
+    connection = config.kafka.model_copy(update={"security": kafka.client_security("admin")})
+    return config.model_copy(update={"kafka": connection})
+
+
+def preflight(config: TidemarkConfig, bootstrap: str, topics: tuple[str, ...] = ()) -> None:
+    """On a secured cluster, one metadata request first: a refused login, an untrusted
+    certificate or a hidden topic becomes one clear line now (``connectors.preflight``)."""
+    if config.kafka.security.protocol == "PLAINTEXT":
+        return
+    from connectors.kafka_config import librdkafka_config
+    from connectors.preflight import check_access
+
+    check_access(librdkafka_config(config.kafka, bootstrap), topics)
+
+
 def resolve_bootstrap(config: TidemarkConfig) -> str:
     if config.kafka.bootstrap_servers is not None:
         return config.kafka.bootstrap_servers
@@ -43,5 +75,8 @@ def resolve_bootstrap(config: TidemarkConfig) -> str:
 
 
 def pipeline_context(config_path: str | Path, name: str) -> PipelineContext:
-    config = load_config(Path(config_path))
-    return PipelineContext(config, config.pipeline(name), resolve_bootstrap(config))
+    config = load(config_path)
+    pipeline = config.pipeline(name)
+    bootstrap = resolve_bootstrap(config)
+    preflight(config, bootstrap, pipeline.topics)
+    return PipelineContext(config, pipeline, bootstrap)

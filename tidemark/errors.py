@@ -64,3 +64,12 @@ class ServiceStartError(StackError):
 
 class ServiceUnavailableError(TransientError):
     """A server did not answer in time; it may be starting or restarting."""
+
+
+# --- Kafka access ----------------------------------------------------------------------
+
+
+class KafkaAccessError(TerminalError):
+    """The cluster refused these credentials, this certificate, or an operation an ACL does not allow."""
+
+    exit_code = 77  # EX_NOPERM

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -34,6 +34,10 @@ class KafkaSettings(BaseModel):
     """Embedded brokers: 1 (RF 1) or 3 (RF 3, ``min.insync.replicas=2``)."""
     heap: str = "512m"
     """JVM heap of each embedded broker."""
+    security: Literal["plaintext", "sasl_ssl", "mtls"] = "plaintext"
+    """How the embedded cluster's clients authenticate: ``sasl_ssl`` (SCRAM over TLS) or
+    ``mtls`` (client certificates), both with ACLs (docs/operations.md, "Secured cluster").
+    Each keeps its own state (``stack/kafka-<security>``), so switching formats a new cluster."""
 
 
 class PostgresSettings(BaseModel):

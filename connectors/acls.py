@@ -1,0 +1,111 @@
+"""The least privileges each Tidemark component needs on a cluster with an authorizer.
+
+Derived from ``tidemark.yaml`` so they follow the config: the relay's event topics (a
+prefix for a ``{aggregatetype}`` template), its offsets and manifest topics and its
+``transactional.id``; each pipeline's topics and the manifest it reads. ``tidemark acls``
+prints them as ``kafka-acls`` commands, or creates them with ``--apply`` (as a principal
+allowed to alter ACLs). The consumer groups are prefixes because every reader uses a fresh
+group id and commits nothing: ``tidemark-`` for Tidemark's own readers, ``spark-kafka-``
+for Spark's Kafka source.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tidemark.config import PipelineConfig, TidemarkConfig
+from tidemark.errors import ConfigError, KafkaAccessError
+
+_PRODUCE = ("WRITE", "DESCRIBE", "CREATE", "DESCRIBE_CONFIGS")
+
+
+@dataclass(frozen=True)
+class Grant:
+    principal: str
+    """``User:<name>``."""
+    resource: str
+    """TOPIC, GROUP or TRANSACTIONAL_ID."""
+    name: str
+    pattern: str
+    """LITERAL or PREFIXED."""
+    operations: tuple[str, ...]
+
+    def command(self, bootstrap: str = "BROKER:9093") -> str:
+        flag = {"TOPIC": "--topic", "GROUP": "--group", "TRANSACTIONAL_ID": "--transactional-id"}[self.resource]
+        ops = " ".join(f"--operation {o.replace('_', '')}" for o in self.operations)
+        return (f"kafka-acls.sh --bootstrap-server {bootstrap} --command-config admin.properties --add "
+                f"--allow-principal {self.principal} {ops} {flag} '{self.name}' "
+                f"--resource-pattern-type {self.pattern.lower()}")
+
+
+def relay_grants(config: TidemarkConfig, principal: str) -> list[Grant]:
+    relay = config.relay
+    grants = [Grant(principal, "TOPIC", relay.offsets_topic, "LITERAL", ("READ", *_PRODUCE)),
+              Grant(principal, "TOPIC", relay.manifest_topic, "LITERAL", _PRODUCE),
+              Grant(principal, "TRANSACTIONAL_ID", relay.transactional_id, "LITERAL", ("WRITE", "DESCRIBE")),
+              Grant(principal, "GROUP", "tidemark-", "PREFIXED", ("READ",))]
+    head, placeholder, _ = relay.topic.partition("{aggregatetype}")
+    if placeholder and not head:
+        raise ConfigError("relay.topic starts with {aggregatetype}: no ACL prefix can cover it; give the topics "
+                          "a fixed prefix (e.g. outbox.event.{aggregatetype}) or grant the relay by hand")
+    grants.append(Grant(principal, "TOPIC", head, "PREFIXED" if placeholder else "LITERAL", _PRODUCE))
+    grants += [Grant(principal, "TOPIC", t, "LITERAL", _PRODUCE) for t in sorted(set(relay.routes.values()))]
+    return grants
+
+
+def _pattern_prefix(pipeline: PipelineConfig) -> str:
+    """The literal text every topic ``topic_pattern`` matches starts with."""
+    pattern = pipeline.topic_pattern or ""
+    match = re.match(r"\^?((?:[A-Za-z0-9_\-]|\\\.)*)", pattern)
+    prefix = (match.group(1) if match else "").replace("\\.", ".")
+    if not prefix:
+        raise ConfigError(f"pipeline {pipeline.name!r}: topic_pattern {pattern!r} has no literal prefix an ACL "
+                          "could cover; list its topics instead, or grant the ingest principal by hand")
+    return prefix
+
+
+def ingest_grants(config: TidemarkConfig, principal: str) -> list[Grant]:
+    grants: list[Grant] = []
+    for p in config.pipelines:
+        if p.topics:
+            grants += [Grant(principal, "TOPIC", t, "LITERAL", ("READ", "DESCRIBE")) for t in p.topics]
+        else:
+            grants.append(Grant(principal, "TOPIC", _pattern_prefix(p), "PREFIXED", ("READ", "DESCRIBE")))
+        if p.transactions.manifest_topic:
+            grants.append(Grant(principal, "TOPIC", p.transactions.manifest_topic, "LITERAL", ("READ", "DESCRIBE")))
+    grants += [Grant(principal, "GROUP", "tidemark-", "PREFIXED", ("READ",)),
+               Grant(principal, "GROUP", "spark-kafka-", "PREFIXED", ("READ",))]
+    unique: dict[tuple[str, str, str, str], Grant] = {}
+    for g in grants:
+        key = (g.principal, g.resource, g.name, g.pattern)
+        if key in unique:
+            g = Grant(*key, tuple(dict.fromkeys(unique[key].operations + g.operations)))
+        unique[key] = g
+    return list(unique.values())
+
+
+def apply(client_config: Mapping[str, Any], grants: list[Grant], timeout: float = 15.0) -> None:
+    """Create ``grants`` (idempotent: Kafka keeps one copy of an ACL however often it is added)."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclOperation,
+        AclPermissionType,
+        AdminClient,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    bindings = [AclBinding(ResourceType[g.resource], g.name, ResourcePatternType[g.pattern], g.principal, "*",
+                           AclOperation[op], AclPermissionType.ALLOW)
+                for g in grants for op in g.operations]
+    admin = AdminClient({k: v for k, v in client_config.items() if k != "logger"})
+    for binding, future in admin.create_acls(bindings, request_timeout=timeout).items():
+        try:
+            future.result()
+        except KafkaException as exc:
+            raise KafkaAccessError(f"could not create the ACL {binding}: {exc.args[0].str()}; run `tidemark acls "
+                                   "--apply` as a principal allowed to alter ACLs (a super user)") from None

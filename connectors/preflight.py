@@ -1,0 +1,96 @@
+"""Can this client reach, authenticate to and see the cluster? One clear answer within seconds.
+
+librdkafka retries a refused login or a failed TLS handshake for ever, and a metadata call
+that gives up reports only "broker transport failure"; the cause goes to the error
+callback. So before a command starts work on a secured cluster it asks for metadata once,
+collects what the error callback says, and turns the first real cause into one line that
+names it and the setting to fix (:class:`tidemark.errors.KafkaAccessError`), instead of a
+hang, a retry loop or a Java stack trace later. Topics the command needs are checked for
+``DESCRIBE`` in the same request (an ACL that hides a topic shows as an authorization error).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from tidemark.errors import KafkaAccessError, ServiceUnavailableError
+
+#: Seconds the metadata request may take: the issue's "within 10 s", with room to print.
+PREFLIGHT_SECONDS = 8.0
+
+
+def check_access(client_config: Mapping[str, Any], topics: Iterable[str] = (), *,
+                 timeout: float = PREFLIGHT_SECONDS) -> None:
+    """Raise :class:`KafkaAccessError` (a terminal cause) or :class:`ServiceUnavailableError`
+    (nobody answered) unless the cluster answers metadata for ``topics`` to these credentials."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    errors: list[Any] = []
+    conf = {k: v for k, v in client_config.items() if k != "logger"}
+    admin = AdminClient({**conf, "error_cb": errors.append, "log_level": 0,
+                         "reconnect.backoff.max.ms": 1000})
+    wanted = sorted(set(topics))
+    try:
+        metadata = admin.list_topics(timeout=timeout)
+    except KafkaException:
+        admin.poll(0.2)  # serves the error callback: the cause
+        raise _cause(client_config, errors) from None
+    for topic in wanted:
+        found = metadata.topics.get(topic)
+        if found is not None and found.error is not None and found.error.code() == \
+                KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            raise KafkaAccessError(
+                f"Kafka principal {_who(client_config)} may not describe topic {topic!r}: an ACL is missing. "
+                "Grant it the ACLs `tidemark acls` prints for this config (docs/operations.md, \"Secured cluster\")")
+
+
+def _who(conf: Mapping[str, Any]) -> str:
+    if conf.get("sasl.username"):
+        return repr(conf["sasl.username"])
+    if conf.get("ssl.certificate.location"):
+        return f"of the certificate {conf['ssl.certificate.location']}"
+    return "(anonymous)"
+
+
+def _cause(conf: Mapping[str, Any], errors: list[Any]) -> Exception:
+    """The first error that names a cause, as one line with the setting to fix."""
+    from confluent_kafka import KafkaError
+
+    bootstrap = conf.get("bootstrap.servers")
+    protocol = conf.get("security.protocol", "PLAINTEXT")
+    for err in errors:
+        text = err.str()
+        if err.code() == KafkaError._AUTHENTICATION:
+            return KafkaAccessError(
+                f"Kafka at {bootstrap} refused the login of {_who(conf)} ({conf.get('sasl.mechanism')}): wrong "
+                "password, unknown user or a mechanism the broker does not enable. Fix kafka.security."
+                "sasl_username and sasl_password (or sasl_password_file / sasl_password_env)")
+        if err.code() == KafkaError._SSL or "SSL" in text and ("alert" in text or "handshake" in text):
+            return KafkaAccessError(_tls_line(conf, text))
+    return ServiceUnavailableError(
+        f"no Kafka broker at {bootstrap} answered a {protocol} client within {PREFLIGHT_SECONDS:g} s: is it up, "
+        "and does that listener speak kafka.security.protocol?")
+
+
+def _tls_line(conf: Mapping[str, Any], text: str) -> str:
+    bootstrap = conf.get("bootstrap.servers")
+    lower = text.lower()
+    if "expired" in lower and ("alert" in lower or "receive failed" in lower):
+        return (f"Kafka at {bootstrap} refused the client certificate {conf.get('ssl.certificate.location')}: it has "
+                "expired. Renew it and point kafka.security.ssl_certificate_location/ssl_key_location at the new one")
+    if "alert" in lower or "receive failed" in lower:
+        return (f"Kafka at {bootstrap} refused the TLS client (no certificate, or one it does not trust or that has "
+                "expired). Set kafka.security.ssl_certificate_location and ssl_key_location to a certificate "
+                "signed by a CA the broker trusts")
+    if "expired" in lower:
+        return (f"the TLS certificate of Kafka at {bootstrap} has expired; renew the broker's certificate "
+                "(docs/operations.md, \"Certificate rotation\")")
+    if "hostname" in lower or "name mismatch" in lower or "subject" in lower:
+        return (f"the TLS certificate of Kafka at {bootstrap} does not name that host; connect by a name it "
+                "carries, or (knowing what it costs) set kafka.security.ssl_verify_hostname: false")
+    if "verify failed" in lower or "unable to get" in lower or "self-signed" in lower:
+        return (f"the TLS certificate of Kafka at {bootstrap} is not signed by a CA this client trusts; set "
+                f"kafka.security.ssl_ca_location to the CA's PEM file (now: {conf.get('ssl.ca.location') or 'system CAs'})")
+    return f"TLS to Kafka at {bootstrap} failed: {text.split(': ', 1)[-1]}. Check the kafka.security.ssl_* settings"
