@@ -39,6 +39,11 @@ def check_access(client_config: Mapping[str, Any], topics: Iterable[str] = (), *
         raise _cause(client_config, errors) from None
     for topic in wanted:
         found = metadata.topics.get(topic)
+        if found is None:  # a listing of all topics leaves out those one may not describe: ask for it
+            try:
+                found = admin.list_topics(topic, timeout=timeout).topics.get(topic)
+            except KafkaException:
+                continue  # the command meets whatever this was, and reports it
         if found is not None and found.error is not None and found.error.code() == \
                 KafkaError.TOPIC_AUTHORIZATION_FAILED:
             raise KafkaAccessError(
