@@ -35,7 +35,7 @@ class Grant:
 
     def command(self, bootstrap: str = "BROKER:9093") -> str:
         flag = {"TOPIC": "--topic", "GROUP": "--group", "TRANSACTIONAL_ID": "--transactional-id"}[self.resource]
-        ops = " ".join(f"--operation {o.replace('_', '')}" for o in self.operations)
+        ops = " ".join("--operation " + "".join(w.capitalize() for w in o.split("_")) for o in self.operations)
         return (f"kafka-acls.sh --bootstrap-server {bootstrap} --command-config admin.properties --add "
                 f"--allow-principal {self.principal} {ops} {flag} '{self.name}' "
                 f"--resource-pattern-type {self.pattern.lower()}")

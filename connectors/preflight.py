@@ -28,9 +28,9 @@ def check_access(client_config: Mapping[str, Any], topics: Iterable[str] = (), *
     from confluent_kafka.admin import AdminClient
 
     errors: list[Any] = []
-    conf = {k: v for k, v in client_config.items() if k != "logger"}
-    admin = AdminClient({**conf, "error_cb": errors.append, "log_level": 0,
-                         "reconnect.backoff.max.ms": 1000})
+    conf: dict[str, Any] = {k: v for k, v in client_config.items() if k != "logger"}
+    conf |= {"error_cb": errors.append, "log_level": 0, "reconnect.backoff.max.ms": 1000}
+    admin = AdminClient(conf)
     wanted = sorted(set(topics))
     try:
         metadata = admin.list_topics(timeout=timeout)

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 import yaml
-from pydantic import SecretStr
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from pydantic import SecretStr
 
 from connectors.acls import apply, ingest_grants, relay_grants
 from connectors.kafka_config import librdkafka_config
@@ -228,7 +228,7 @@ def test_a_missing_acl_is_named_and_nothing_is_written(spark: Any, sasl: Embedde
                        "schema": "id INT, note STRING"}]}))
     env = {**os.environ, "TIDEMARK_HOME": str(tmp_path / "home")}
     proc = subprocess.run([sys.executable, "-m", "tidemark.cli", "ingest", "orders", "--config", str(config_path)],
-                          capture_output=True, text=True, env=env, timeout=120)
+                          check=False, capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 77, proc.stderr
     assert proc.stderr.strip().count("\n") == 0 and "tidemark acls" in proc.stderr, proc.stderr
     assert not (tmp_path / "orders").exists()

@@ -1,0 +1,77 @@
+"""Kafka security settings and the ACLs derived from a config: pure logic, no broker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from connectors.acls import ingest_grants, relay_grants
+from connectors.kafka_config import librdkafka_config, spark_options
+from tidemark.config import KafkaConnection, KafkaSecurity, parse_config
+from tidemark.errors import ConfigError
+
+
+def _sasl(**extra: object) -> KafkaSecurity:
+    return KafkaSecurity(protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512", sasl_username="relay", **extra)
+
+
+def test_the_password_comes_from_a_file_or_the_environment_read_at_use(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = tmp_path / "pw"
+    secret.write_text("from-file\n")
+    conf = librdkafka_config(KafkaConnection(security=_sasl(sasl_password_file=secret)), "b:1")
+    assert conf["sasl.password"] == "from-file"
+    secret.write_text("rotated")
+    assert librdkafka_config(KafkaConnection(security=_sasl(sasl_password_file=secret)), "b:1")[
+        "sasl.password"] == "rotated"
+    monkeypatch.setenv("KAFKA_PW", 'p"w\\x')
+    options = spark_options(KafkaConnection(security=_sasl(sasl_password_env="KAFKA_PW")), "b:1")
+    assert 'password="p\\"w\\\\x";' in options["kafka.sasl.jaas.config"]
+    monkeypatch.delenv("KAFKA_PW")
+    with pytest.raises(ConfigError, match="KAFKA_PW, which is not set"):
+        librdkafka_config(KafkaConnection(security=_sasl(sasl_password_env="KAFKA_PW")), "b:1")
+    with pytest.raises(ConfigError, match="cannot read"):
+        librdkafka_config(KafkaConnection(security=_sasl(sasl_password_file=tmp_path / "none")), "b:1")
+
+
+def test_security_settings_that_cannot_work_are_refused_with_the_fix() -> None:
+    for bad, words in (({"kafka": {"security": {"protocol": "SASL_SSL", "sasl_mechanism": "PLAIN",
+                                                 "sasl_username": "u"}}}, "needs sasl_password"),
+                       ({"kafka": {"security": {"protocol": "SSL", "ssl_certificate_location": "/c"}}},
+                        "both ssl_certificate_location and ssl_key_location"),
+                       ({"kafka": {"security": {"protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN",
+                                                "sasl_username": "u", "sasl_password": "x",
+                                                "sasl_password_env": "X"}}}, "not several")):
+        with pytest.raises(ConfigError, match=words):
+            parse_config(bad)
+    assert "hunter2" not in repr(_sasl(sasl_password="hunter2"))
+
+
+def test_a_missing_ca_file_is_a_config_error_naming_the_setting(tmp_path: Path) -> None:
+    sec = _sasl(sasl_password="x", ssl_ca_location=tmp_path / "missing.pem")
+    with pytest.raises(ConfigError, match="kafka.security.ssl_ca_location"):
+        librdkafka_config(KafkaConnection(security=sec), "b:1")
+    conf = librdkafka_config(KafkaConnection(security=_sasl(sasl_password="x", ssl_verify_hostname=False)), "b:1")
+    assert conf["ssl.endpoint.identification.algorithm"] == "none"
+
+
+def test_acls_follow_the_config() -> None:
+    config = parse_config({
+        "relay": {"id": "shop", "topic": "shop.{aggregatetype}", "routes": {"audit": "audit-log"}},
+        "pipelines": [{"name": "a", "topics": ["shop.order"], "target": "/t/a", "schema": "id INT"},
+                      {"name": "b", "topic_pattern": r"^shop\.pay.*", "target": "/t/b", "schema": "id INT"}]})
+    relay = {(g.resource, g.name, g.pattern): g.operations for g in relay_grants(config, "User:relay")}
+    assert relay[("TOPIC", "shop.", "PREFIXED")] == ("WRITE", "DESCRIBE", "CREATE", "DESCRIBE_CONFIGS")
+    assert ("TOPIC", "audit-log", "LITERAL") in relay
+    assert relay[("TRANSACTIONAL_ID", "tidemark-relay-shop", "LITERAL")] == ("WRITE", "DESCRIBE")
+    ingest = {(g.resource, g.name, g.pattern): g.operations for g in ingest_grants(config, "User:ingest")}
+    assert ingest[("TOPIC", "shop.order", "LITERAL")] == ("READ", "DESCRIBE")
+    assert ("TOPIC", "shop.pay", "PREFIXED") in ingest
+    assert ingest[("TOPIC", "tidemark.relay-manifest", "LITERAL")] == ("READ", "DESCRIBE")
+    assert not any(op == "WRITE" for ops in ingest.values() for op in ops)
+    line = relay_grants(config, "User:relay")[2].command("k:9093")
+    assert "--transactional-id 'tidemark-relay-shop'" in line and "--operation Write" in line
+    with pytest.raises(ConfigError, match="no literal prefix"):
+        ingest_grants(parse_config({"pipelines": [{"name": "c", "topic_pattern": ".*", "target": "/t/c",
+                                                    "schema": "id INT"}]}), "User:i")
