@@ -80,6 +80,8 @@ class RelaySetup:
     manifest_topic: str
     config: Path
     tmp: Path
+    client: dict[str, Any] = field(default_factory=dict)
+    """librdkafka properties besides the bootstrap servers (a secured cluster's credentials)."""
 
     @classmethod
     def create(cls, tmp: Path, dsn: str, bootstrap: str, **relay: Any) -> RelaySetup:
@@ -168,15 +170,16 @@ class RelaySetup:
     def event_topics(self) -> list[str]:
         from confluent_kafka.admin import AdminClient
 
-        names = AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(timeout=10).topics
+        names = AdminClient({**self.client, "bootstrap.servers": self.bootstrap}).list_topics(timeout=10).topics
         return sorted(t for t in names if t.startswith(self.prefix + ".")
                       and t not in (self.offsets_topic, self.manifest_topic))
 
     def records(self) -> list[Record]:
-        return [r for t in self.event_topics() for r in read_to_end(self.bootstrap, t)]
+        return [r for t in self.event_topics() for r in read_to_end(self.bootstrap, t, extra=self.client)]
 
     def manifests(self) -> list[Manifest]:
-        return [Manifest.decode(r.value or b"") for r in read_to_end(self.bootstrap, self.manifest_topic)]
+        return [Manifest.decode(r.value or b"")
+                for r in read_to_end(self.bootstrap, self.manifest_topic, extra=self.client)]
 
     def outbox_rows(self) -> int:
         with self.connect() as conn, conn.cursor() as cur:

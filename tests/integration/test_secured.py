@@ -32,7 +32,6 @@ from connectors.topic_reader import read_to_end
 from infra import jars as jar_cache
 from infra.kafka import EmbeddedKafka
 from infra.process import free_port_block
-from outbox.manifest import Manifest
 from pipelines.ingest import IngestJob
 from tests.relay_harness import RelaySetup, Writers, assert_relayed_exactly_once
 from tidemark.config import KafkaConnection, KafkaSecurity, TidemarkConfig, parse_config
@@ -153,31 +152,13 @@ def test_the_relay_over_sasl_ssl_with_only_its_acls(sasl: EmbeddedKafka, postgre
     setup.config.write_text(yaml.safe_dump(body))
     config = parse_config(body)
     apply(_client(sasl), relay_grants(config, "User:relay"))
-    secured = _SecuredRelay(**dataclasses.asdict(setup), client={k: v for k, v in _client(sasl).items()
-                                                                   if k != "bootstrap.servers"})
+    secured = dataclasses.replace(setup, client={k: v for k, v in _client(sasl).items() if k != "bootstrap.servers"})
     writers = Writers(setup, threads=2, pause=0.01, seed=16).start()
     time.sleep(4)
     writers.stop()
     secured.drain()
     counts = assert_relayed_exactly_once(secured, writers.committed, writers.rolled_back)
     assert writers.committed and counts
-
-
-@dataclasses.dataclass(frozen=True)
-class _SecuredRelay(RelaySetup):
-    client: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-    def event_topics(self) -> list[str]:
-        names = AdminClient({**self.client, "bootstrap.servers": self.bootstrap}).list_topics(timeout=10).topics
-        return sorted(t for t in names if t.startswith(self.prefix + ".")
-                      and t not in (self.offsets_topic, self.manifest_topic))
-
-    def records(self) -> list[Any]:
-        return [r for t in self.event_topics() for r in read_to_end(self.bootstrap, t, extra=self.client)]
-
-    def manifests(self) -> list[Manifest]:
-        return [Manifest.decode(r.value or b"") for r in read_to_end(self.bootstrap, self.manifest_topic,
-                                                                      extra=self.client)]
 
 
 # -- each refused credential: one line naming the cause and the setting, within 10 s ----------
