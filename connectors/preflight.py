@@ -1,4 +1,5 @@
-"""Can this client reach, authenticate to and see the cluster? One clear answer within seconds.
+"""Can this client reach, authenticate to and see the cluster (and the database)? One clear
+answer within seconds.
 
 librdkafka retries a refused login or a failed TLS handshake for ever, and a metadata call
 that gives up reports only "broker transport failure"; the cause goes to the error
@@ -14,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from tidemark.errors import KafkaAccessError, ServiceUnavailableError
+from tidemark.errors import KafkaAccessError, PostgresAccessError, ServiceUnavailableError
 
 #: Seconds the metadata request may take: the issue's "within 10 s", with room to print.
 PREFLIGHT_SECONDS = 8.0
@@ -99,3 +100,61 @@ def _tls_line(conf: Mapping[str, Any], text: str) -> str:
         return (f"the TLS certificate of Kafka at {bootstrap} is not signed by a CA this client trusts; set "
                 f"kafka.security.ssl_ca_location to the CA's PEM file (now: {conf.get('ssl.ca.location') or 'system CAs'})")
     return f"TLS to Kafka at {bootstrap} failed: {text.split(': ', 1)[-1]}. Check the kafka.security.ssl_* settings"
+
+
+# -- PostgreSQL ---------------------------------------------------------------------------
+
+#: libpq's words for a refusal no retry can mend, with what to tell the user.
+_PG_REFUSALS = (
+    (("password authentication failed", "no password supplied", "scram"),
+     ("refused the login{user}: wrong or missing password. Fix postgres.dsn: its password, or the "
+      "passfile=... it names (a libpq password file)")),
+    (("certificate verify failed",),
+     "has a TLS certificate this client does not trust: set sslrootcert=<the CA's PEM file> in postgres.dsn"),
+    (("does not match host name",),
+     "has a TLS certificate that does not name the host in postgres.dsn: connect by a name it carries"),
+    (("certificate has expired", "certificate expired"),
+     "has an expired TLS certificate: renew the server's certificate"),
+    (("server does not support ssl",),
+     "does not offer TLS, and postgres.dsn requires it (sslmode): enable TLS on the server"),
+    (("tls connections only", "no pg_hba.conf entry", "no encryption"),
+     ("refuses this kind of connection ({detail}): postgres.dsn needs sslmode=verify-full (or what the "
+      "server's pg_hba.conf asks for)")),
+    (("root certificate file",),
+     "cannot be checked: the sslrootcert file in postgres.dsn does not exist"),
+    (("ssl error", "certificate"),
+     "failed the TLS handshake ({detail}): check sslrootcert, sslcert and sslkey in postgres.dsn"),
+)
+
+
+def postgres_refusal(exc: BaseException, dsn: str | None = None) -> PostgresAccessError | None:
+    """The error to stop with if ``exc`` (a psycopg2 error) is a refusal, not an outage."""
+    text = str(exc).strip()
+    lower = text.lower()
+    user = ""
+    if dsn:
+        from psycopg2.extensions import parse_dsn
+
+        try:
+            name = parse_dsn(dsn).get("user")
+        except Exception:  # noqa: BLE001  (a DSN psycopg2 cannot parse: say nothing of the user)
+            name = None
+        user = f" of user {name!r}" if name else ""
+    for words, message in _PG_REFUSALS:
+        if any(w in lower for w in words):
+            detail = text.split("FATAL:", 1)[-1].strip().splitlines()[0]
+            return PostgresAccessError("PostgreSQL " + message.format(user=user, detail=detail))
+    return None
+
+
+def check_postgres(dsn: str, *, timeout: int = 8) -> None:
+    """Raise :class:`PostgresAccessError` if PostgreSQL refuses this DSN's login or TLS; an
+    unreachable server is left to the caller's own retries (an outage is not a refusal)."""
+    import psycopg2
+
+    try:
+        psycopg2.connect(dsn, connect_timeout=timeout).close()
+    except psycopg2.Error as exc:
+        refusal = postgres_refusal(exc, dsn)
+        if refusal is not None:
+            raise refusal from None

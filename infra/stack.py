@@ -45,7 +45,9 @@ class Stack:
     def postgres(self) -> EmbeddedPostgres | None:
         if self.settings.postgres.dsn is not None:
             return None
-        return EmbeddedPostgres(self.root / "postgres", port=self.settings.postgres.port)
+        pg = self.settings.postgres
+        tls = pg.security == "tls"
+        return EmbeddedPostgres(self.root / ("postgres-tls" if tls else "postgres"), port=pg.port, tls=tls)
 
     def prefect(self) -> EmbeddedPrefect | None:
         """The embedded Prefect server, unless ``PREFECT_API_URL`` names one."""

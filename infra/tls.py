@@ -58,7 +58,8 @@ class LocalCA:
             return key, x509.load_pem_x509_certificate(self.certificate.read_bytes())
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         key = ec.generate_private_key(ec.SECP256R1())
-        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Tidemark local CA")])
+        # A name of its own: a verifier looks issuers up by name, and two local CAs must not meet.
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"Tidemark local CA {os.urandom(4).hex()}")])
         now = dt.datetime.now(dt.UTC)
         cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
                 .serial_number(x509.random_serial_number())

@@ -70,6 +70,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
+from connectors.preflight import postgres_refusal
 from connectors.producer import (
     CommitOutcomeUnknownError,
     KafkaUnavailableError,
@@ -631,7 +632,13 @@ class Relay:
                         group = Group()
                 except (psycopg2.OperationalError, psycopg2.InterfaceError, ReplicationLostError) as exc:
                     # PostgreSQL restarting or the session ended: reconnect and resume from the slot.
-                    # Unacknowledged transactions come again and are skipped by position.
+                    # Unacknowledged transactions come again and are skipped by position. A refused
+                    # login or certificate (a password rotated under us) is no outage: it stops.
+                    refusal = postgres_refusal(exc, self.dsn)
+                    if refusal is not None:
+                        if group.open:
+                            producer.abort(self.config.transaction_timeout_ms / 1000)
+                        raise refusal from None
                     log.warning("PostgreSQL connection lost (%s); reconnecting", str(exc).strip().splitlines()[0])
                     if capture is not None:
                         capture.close()

@@ -330,6 +330,9 @@ def _relay_context(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         endpoints = Stack(settings()).endpoints()
         dsn, bootstrap = dsn or endpoints.postgres_dsn, bootstrap or endpoints.kafka_bootstrap
     preflight(config, bootstrap)
+    from connectors.preflight import check_postgres
+
+    check_postgres(dsn)
     return config, dsn, librdkafka_config(config.kafka, bootstrap)
 
 

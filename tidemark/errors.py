@@ -69,7 +69,15 @@ class ServiceUnavailableError(TransientError):
 # --- Kafka access ----------------------------------------------------------------------
 
 
-class KafkaAccessError(TerminalError):
-    """The cluster refused these credentials, this certificate, or an operation an ACL does not allow."""
+class AccessDeniedError(TerminalError):
+    """A server refused these credentials or this certificate, or an operation no grant allows."""
 
     exit_code = 77  # EX_NOPERM
+
+
+class KafkaAccessError(AccessDeniedError):
+    """The Kafka cluster refused the login, the TLS handshake, or an operation an ACL does not allow."""
+
+
+class PostgresAccessError(AccessDeniedError):
+    """PostgreSQL refused the login or the TLS handshake."""

@@ -47,6 +47,10 @@ class PostgresSettings(BaseModel):
     """libpq DSN of an existing server (needs ``wal_level=logical``); unset runs the embedded one."""
     port: Port = 15432
     """TCP port of the embedded server on 127.0.0.1."""
+    security: Literal["plaintext", "tls"] = "plaintext"
+    """``tls``: the embedded server takes TCP clients over TLS with a scram-sha-256 password
+    only, and its DSN verifies the certificate (``sslmode=verify-full``). Own state
+    (``stack/postgres-tls``), so switching initialises a new server."""
 
 
 class PrefectSettings(BaseModel):

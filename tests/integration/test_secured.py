@@ -27,15 +27,16 @@ from pydantic import SecretStr
 
 from connectors.acls import apply, ingest_grants, relay_grants
 from connectors.kafka_config import librdkafka_config
-from connectors.preflight import check_access
+from connectors.preflight import check_access, check_postgres
 from connectors.topic_reader import read_to_end
 from infra import jars as jar_cache
 from infra.kafka import EmbeddedKafka
+from infra.postgres import EmbeddedPostgres
 from infra.process import free_port_block
 from pipelines.ingest import IngestJob
 from tests.relay_harness import RelaySetup, Writers, assert_relayed_exactly_once
 from tidemark.config import KafkaConnection, KafkaSecurity, TidemarkConfig, parse_config
-from tidemark.errors import KafkaAccessError, ServiceUnavailableError
+from tidemark.errors import KafkaAccessError, PostgresAccessError, ServiceUnavailableError
 from tidemark.settings import Settings
 
 
@@ -52,6 +53,17 @@ def _cluster(settings: Settings, root: Path, security: str) -> Iterator[Embedded
 @pytest.fixture(scope="module")
 def sasl(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedKafka]:
     yield from _cluster(settings, tmp_path_factory.mktemp("kafka-sasl"), "sasl_ssl")
+
+
+@pytest.fixture(scope="module")
+def pg_tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPostgres]:
+    """PostgreSQL that takes TLS with a scram-sha-256 password only; its DSN verifies the certificate."""
+    server = EmbeddedPostgres(tmp_path_factory.mktemp("pg-tls"), port=free_port_block(2, start=26432), tls=True)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -145,8 +157,10 @@ def test_ingest_over_mutual_tls_as_a_least_privileged_principal(spark: Any, mtls
     _ingest_exactly_once(spark, mtls, tmp_path, "secured.mtls.orders")
 
 
-def test_the_relay_over_sasl_ssl_with_only_its_acls(sasl: EmbeddedKafka, postgres_dsn: str, tmp_path: Path) -> None:
-    setup = RelaySetup.create(tmp_path, postgres_dsn, sasl.bootstrap_servers)
+def test_the_relay_over_sasl_ssl_with_only_its_acls_from_postgres_over_tls(
+        sasl: EmbeddedKafka, pg_tls: EmbeddedPostgres, tmp_path: Path) -> None:
+    assert "sslmode=verify-full" in pg_tls.dsn and "password" not in pg_tls.dsn
+    setup = RelaySetup.create(tmp_path, pg_tls.dsn, sasl.bootstrap_servers)
     body = yaml.safe_load(setup.config.read_text())
     body["kafka"]["security"] = _security_yaml(sasl.client_security("relay"))
     setup.config.write_text(yaml.safe_dump(body))
@@ -213,3 +227,29 @@ def test_a_missing_acl_is_named_and_nothing_is_written(spark: Any, sasl: Embedde
     assert proc.returncode == 77, proc.stderr
     assert proc.stderr.strip().count("\n") == 0 and "tidemark acls" in proc.stderr, proc.stderr
     assert not (tmp_path / "orders").exists()
+
+
+def test_postgres_refusals_are_named_and_stop_the_relay(pg_tls: EmbeddedPostgres, tmp_path: Path,
+                                                        kafka_bootstrap: str) -> None:
+    from infra.tls import LocalCA
+
+    passfile = f"passfile={pg_tls.passfile}"
+    stranger = LocalCA(tmp_path / "other-ca")
+    stranger.issue("x")
+    for dsn, words in ((pg_tls.dsn.replace(passfile, "password=not-it"), "wrong or missing password"),
+                       (pg_tls.dsn.replace(str(pg_tls.ca.certificate), str(stranger.certificate)),
+                        "sslrootcert=<the CA's PEM file>"),
+                       (pg_tls.dsn.replace("sslmode=verify-full", "sslmode=disable"), "sslmode=verify-full")):
+        started = time.monotonic()
+        with pytest.raises(PostgresAccessError) as caught:
+            check_postgres(dsn)
+        assert time.monotonic() - started < 10 and words in str(caught.value), str(caught.value)
+        assert "not-it" not in str(caught.value)
+    config = tmp_path / "tidemark.yaml"
+    config.write_text(yaml.safe_dump({"kafka": {"bootstrap_servers": kafka_bootstrap},
+                                      "postgres": {"dsn": pg_tls.dsn.replace(passfile, "password=not-it")}}))
+    proc = subprocess.run([sys.executable, "-m", "tidemark.cli", "relay", "run", "--config", str(config)],
+                          check=False, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TIDEMARK_HOME": str(tmp_path / "home")})
+    assert proc.returncode == 77 and "refused the login of user 'postgres'" in proc.stderr, proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and "not-it" not in proc.stdout + proc.stderr
