@@ -26,10 +26,10 @@ SCHEMA = "id BIGINT, note STRING"
 
 
 def write_config(path: Path, bootstrap: str, target: Path, *, topics: list[str] | None = None,
-                 name: str = "orders", **pipeline: Any) -> Path:
+                 name: str = "orders", security: dict[str, Any] | None = None, **pipeline: Any) -> Path:
     source: dict[str, Any] = {"topics": topics} if topics else {}
     path.write_text(yaml.safe_dump({
-        "kafka": {"bootstrap_servers": bootstrap},
+        "kafka": {"bootstrap_servers": bootstrap, **({"security": security} if security else {})},
         "pipelines": [{"name": name, **source, "target": str(target), "schema": SCHEMA, **pipeline}],
     }))
     return path
@@ -45,11 +45,12 @@ class Pipeline:
     ledger: Any
 
     @classmethod
-    def create(cls, spark: Any, bootstrap: str, topic: str, tmp: Path, **pipeline: Any) -> Pipeline:
+    def create(cls, spark: Any, bootstrap: str, topic: str, tmp: Path, *, security: dict[str, Any] | None = None,
+               **pipeline: Any) -> Pipeline:
         from offsets.ledger import Ledger
 
         target = tmp / "orders"
-        config = write_config(tmp / "tidemark.yaml", bootstrap, target, topics=[topic], **pipeline)
+        config = write_config(tmp / "tidemark.yaml", bootstrap, target, topics=[topic], security=security, **pipeline)
         return cls(topic, config, target, Ledger(spark, str(target) + "_tidemark_ledger", "orders"))
 
 
@@ -77,9 +78,9 @@ class BackgroundProducer(threading.Thread):
     """
 
     def __init__(self, bootstrap: str, topic: str, *, seed: int = 7, pause: float = 0.02,
-                 abort_ratio: float = 0.2) -> None:
+                 abort_ratio: float = 0.2, client: dict[str, Any] | None = None) -> None:
         super().__init__(daemon=True)
-        self.producer = transactional_producer(bootstrap)
+        self.producer = transactional_producer(bootstrap, client=client)
         self.topic = topic
         self.random = random.Random(seed)
         self.pause = pause
@@ -122,16 +123,18 @@ def table_keys(spark: Any, path: str) -> list[tuple[str, int, int]]:
     return sorted((r[0], r[1], r[2]) for r in rows)
 
 
-def kafka_keys(bootstrap: str, topics: list[str]) -> list[tuple[str, int, int]]:
-    return sorted((t, r.partition, r.offset) for t in topics for r in read_all(bootstrap, t))
+def kafka_keys(bootstrap: str, topics: list[str], client: dict[str, Any] | None = None) -> list[tuple[str, int, int]]:
+    return sorted((t, r.partition, r.offset) for t in topics for r in read_all(bootstrap, t, extra=client))
 
 
-def assert_exactly_once(spark: Any, target: str, bootstrap: str, topics: list[str]) -> int:
-    """The table's (topic, partition, offset) set equals the topics' read_committed records."""
+def assert_exactly_once(spark: Any, target: str, bootstrap: str, topics: list[str],
+                        client: dict[str, Any] | None = None) -> int:
+    """The table's (topic, partition, offset) set equals the topics' read_committed records
+    (``client``: a secured cluster's librdkafka properties)."""
     in_table = table_keys(spark, target)
     twice = [k for k, n in Counter(in_table).items() if n > 1]
     assert not twice, f"{len(twice)} records written twice, e.g. {twice[:5]}"
-    in_kafka = kafka_keys(bootstrap, topics)
+    in_kafka = kafka_keys(bootstrap, topics, client)
     missing = sorted(set(in_kafka) - set(in_table))
     extra = sorted(set(in_table) - set(in_kafka))
     assert not missing and not extra, f"missing {len(missing)} (e.g. {missing[:5]}), extra {len(extra)} (e.g. {extra[:5]})"

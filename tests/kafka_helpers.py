@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from confluent_kafka import Producer
 
 from connectors.topic_reader import read_to_end as read_all  # noqa: F401  (re-exported for tests)
 
 
-def transactional_producer(bootstrap: str, transactional_id: str | None = None) -> Producer:
+def transactional_producer(bootstrap: str, transactional_id: str | None = None,
+                           client: dict[str, Any] | None = None) -> Producer:
+    """``client``: librdkafka properties besides the bootstrap servers (a secured cluster's credentials)."""
     producer = Producer({
+        **(client or {}),
         "bootstrap.servers": bootstrap,
         "transactional.id": transactional_id or f"test-{uuid.uuid4().hex[:8]}",
         "enable.idempotence": True,

@@ -77,3 +77,25 @@ def postgres_server(settings: Settings, state: Path) -> Iterator[tuple[str, Embe
         yield server.dsn, server
     finally:
         server.stop()
+
+
+#: Starts every password :func:`secured_kafka` gives a principal: recognisable wherever it might leak.
+CANARY = "TidemarkCanary"
+
+
+@contextmanager
+def secured_kafka(settings: Settings, root: Path, security: str) -> Iterator[EmbeddedKafka]:
+    """An embedded cluster secured as ``TIDEMARK_KAFKA__SECURITY`` would make it (``sasl_ssl`` or
+    ``mtls``), on free ports, with the ``relay`` and ``ingest`` passwords starting :data:`CANARY`."""
+    jars = jar_cache.resolve(settings.home_dir, "kafka")
+    cluster = EmbeddedKafka(root, jars, port=free_port_block(2, start=37092), heap="384m", security=security)
+    (root / "secrets").mkdir(parents=True, exist_ok=True, mode=0o700)
+    for principal in ("relay", "ingest"):  # before the format creates the users with them
+        path = root / "secrets" / f"{principal}.password"
+        path.write_text(f"{CANARY}-{principal}-{os.urandom(6).hex()}")
+        path.chmod(0o600)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -29,30 +29,21 @@ from connectors.acls import apply, ingest_grants, relay_grants
 from connectors.kafka_config import librdkafka_config
 from connectors.preflight import check_access, check_postgres
 from connectors.topic_reader import read_to_end
-from infra import jars as jar_cache
 from infra.kafka import EmbeddedKafka
 from infra.postgres import EmbeddedPostgres
 from infra.process import free_port_block
 from pipelines.ingest import IngestJob
 from tests.relay_harness import RelaySetup, Writers, assert_relayed_exactly_once
+from tests.stack_fixtures import secured_kafka
 from tidemark.config import KafkaConnection, KafkaSecurity, TidemarkConfig, parse_config
 from tidemark.errors import KafkaAccessError, PostgresAccessError, ServiceUnavailableError
 from tidemark.settings import Settings
 
 
-def _cluster(settings: Settings, root: Path, security: str) -> Iterator[EmbeddedKafka]:
-    jars = jar_cache.resolve(settings.home_dir, "kafka")
-    cluster = EmbeddedKafka(root, jars, port=free_port_block(2, start=31092), heap="384m", security=security)
-    cluster.start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-
-
 @pytest.fixture(scope="module")
 def sasl(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedKafka]:
-    yield from _cluster(settings, tmp_path_factory.mktemp("kafka-sasl"), "sasl_ssl")
+    with secured_kafka(settings, tmp_path_factory.mktemp("kafka-sasl"), "sasl_ssl") as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +59,8 @@ def pg_tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPostgre
 
 @pytest.fixture(scope="module")
 def mtls(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedKafka]:
-    yield from _cluster(settings, tmp_path_factory.mktemp("kafka-mtls"), "mtls")
+    with secured_kafka(settings, tmp_path_factory.mktemp("kafka-mtls"), "mtls") as cluster:
+        yield cluster
 
 
 def _client(cluster: EmbeddedKafka, principal: str = "admin", **change: Any) -> dict[str, Any]:
@@ -173,6 +165,7 @@ def test_the_relay_over_sasl_ssl_with_only_its_acls_from_postgres_over_tls(
     secured.drain()
     counts = assert_relayed_exactly_once(secured, writers.committed, writers.rolled_back)
     assert writers.committed and counts
+    assert sasl.password_file("relay").read_text().strip() not in (tmp_path / "relay.log").read_text()
 
 
 # -- each refused credential: one line naming the cause and the setting, within 10 s ----------
