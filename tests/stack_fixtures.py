@@ -84,11 +84,12 @@ CANARY = "TidemarkCanary"
 
 
 @contextmanager
-def secured_kafka(settings: Settings, root: Path, security: str) -> Iterator[EmbeddedKafka]:
+def secured_kafka(settings: Settings, root: Path, security: str, *, brokers: int = 1) -> Iterator[EmbeddedKafka]:
     """An embedded cluster secured as ``TIDEMARK_KAFKA__SECURITY`` would make it (``sasl_ssl`` or
     ``mtls``), on free ports, with the ``relay`` and ``ingest`` passwords starting :data:`CANARY`."""
     jars = jar_cache.resolve(settings.home_dir, "kafka")
-    cluster = EmbeddedKafka(root, jars, port=free_port_block(2, start=37092), heap="384m", security=security)
+    cluster = EmbeddedKafka(root, jars, port=free_port_block(2 * brokers, start=37092), brokers=brokers, heap="384m",
+                            security=security)
     (root / "secrets").mkdir(parents=True, exist_ok=True, mode=0o700)
     for principal in ("relay", "ingest"):  # before the format creates the users with them
         path = root / "secrets" / f"{principal}.password"

@@ -149,23 +149,33 @@ def test_ingest_over_mutual_tls_as_a_least_privileged_principal(spark: Any, mtls
     _ingest_exactly_once(spark, mtls, tmp_path, "secured.mtls.orders")
 
 
-def test_the_relay_over_sasl_ssl_with_only_its_acls_from_postgres_over_tls(
-        sasl: EmbeddedKafka, pg_tls: EmbeddedPostgres, tmp_path: Path) -> None:
-    assert "sslmode=verify-full" in pg_tls.dsn and "password" not in pg_tls.dsn
-    setup = RelaySetup.create(tmp_path, pg_tls.dsn, sasl.bootstrap_servers)
+def _relay_exactly_once(cluster: EmbeddedKafka, dsn: str, tmp_path: Path) -> None:
+    """The relay, as the ``relay`` principal with only its ACLs, under concurrent writers: every
+    guarantee of the relay harness, read back as the super user."""
+    setup = RelaySetup.create(tmp_path, dsn, cluster.bootstrap_servers)
     body = yaml.safe_load(setup.config.read_text())
-    body["kafka"]["security"] = _security_yaml(sasl.client_security("relay"))
+    body["kafka"]["security"] = _security_yaml(cluster.client_security("relay"))
     setup.config.write_text(yaml.safe_dump(body))
-    config = parse_config(body)
-    apply(_client(sasl), relay_grants(config, "User:relay"))
-    secured = dataclasses.replace(setup, client={k: v for k, v in _client(sasl).items() if k != "bootstrap.servers"})
+    apply(_client(cluster), relay_grants(parse_config(body), "User:relay"))
+    secured = dataclasses.replace(setup, client={k: v for k, v in _client(cluster).items()
+                                                 if k != "bootstrap.servers"})
     writers = Writers(setup, threads=2, pause=0.01, seed=16).start()
     time.sleep(4)
     writers.stop()
     secured.drain()
     counts = assert_relayed_exactly_once(secured, writers.committed, writers.rolled_back)
     assert writers.committed and counts
+
+
+def test_the_relay_over_sasl_ssl_with_only_its_acls_from_postgres_over_tls(
+        sasl: EmbeddedKafka, pg_tls: EmbeddedPostgres, tmp_path: Path) -> None:
+    assert "sslmode=verify-full" in pg_tls.dsn and "password" not in pg_tls.dsn
+    _relay_exactly_once(sasl, pg_tls.dsn, tmp_path)
     assert sasl.password_file("relay").read_text().strip() not in (tmp_path / "relay.log").read_text()
+
+
+def test_the_relay_over_mutual_tls_with_only_its_acls(mtls: EmbeddedKafka, postgres_dsn: str, tmp_path: Path) -> None:
+    _relay_exactly_once(mtls, postgres_dsn, tmp_path)
 
 
 # -- each refused credential: one line naming the cause and the setting, within 10 s ----------

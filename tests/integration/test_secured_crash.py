@@ -137,3 +137,36 @@ def _prefect_records(api_url: str, flow_run_id: str) -> list[str]:
     logs = call("logs/filter", {"logs": {}, "limit": 200, "offset": 0, "sort": "TIMESTAMP_DESC"})
     assert flow_run_id in run and '"parameters"' in run and flow_run_id in artifact and json.loads(logs)
     return [run, artifact, logs]
+
+
+@pytest.mark.parametrize("security", ["sasl_ssl", "mtls"])
+def test_three_secured_brokers_replicate_and_serve_a_least_privileged_ingest(
+        spark: Any, settings: Settings, security: str, tmp_path: Path) -> None:
+    """Brokers talk to each other over the secured listener (as ``admin`` by SCRAM, or by the
+    brokers' certificate): a topic of replication factor 3 keeps all replicas in sync, and
+    the ingest reads it exactly once as ``ingest`` with only its ACLs."""
+    from connectors.topic_reader import read_to_end
+    from pipelines.ingest import IngestJob
+    from tests.kafka_helpers import transactional_producer, write_transaction
+
+    with secured_kafka(settings, tmp_path / "kafka", security, brokers=3) as cluster:
+        admin = _client(cluster, "admin")
+        topic = f"secured.three.{security}"
+        creator = AdminClient({**admin, "bootstrap.servers": cluster.bootstrap_servers})
+        creator.create_topics([NewTopic(topic, 3, 3)])[topic].result(60)
+        producer = transactional_producer(cluster.bootstrap_servers, client=admin)
+        for t in range(8):
+            write_transaction(producer, topic, [json.dumps({"id": t * 10 + i, "note": "n"}).encode()
+                                                for i in range(10)], commit=t % 4 != 3)
+        partitions = creator.list_topics(topic, timeout=15).topics[topic].partitions.values()
+        assert all(len(p.replicas) == 3 and len(p.isrs) == 3 for p in partitions)
+        p = Pipeline.create(spark, cluster.bootstrap_servers, topic, tmp_path,
+                            security={k: str(v) if isinstance(v, Path) else v for k, v in
+                                      cluster.client_security("ingest").model_dump(
+                                          exclude_none=True, exclude_defaults=True).items()},
+                            transactions={"manifest_topic": None})
+        config = load_config(p.config)
+        apply({**admin, "bootstrap.servers": cluster.bootstrap_servers}, ingest_grants(config, "User:ingest"))
+        report = IngestJob(spark, config, config.pipelines[0], cluster.bootstrap_servers).run_bounded()
+        assert report.rows == 60 == len(read_to_end(cluster.bootstrap_servers, topic, extra=admin))
+        assert assert_exactly_once(spark, str(p.target), cluster.bootstrap_servers, [topic], admin) == 60
