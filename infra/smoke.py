@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from connectors.kafka_config import client_logging
 from connectors.topic_reader import read_to_end
 from infra.stack import Endpoints, Stack
 from tidemark.settings import Settings
@@ -47,10 +46,10 @@ def _step(title: str) -> Callable[[], None]:
 
 
 def _kafka_checks(endpoints: Endpoints, topic: str) -> list[Check]:
-    admin = AdminClient({"bootstrap.servers": endpoints.kafka_bootstrap, **client_logging()})
+    client = endpoints.kafka_client()
+    admin = AdminClient(client)
     admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
-    producer = Producer({"bootstrap.servers": endpoints.kafka_bootstrap, **client_logging(),
-                         "transactional.id": f"tidemark-smoke-{uuid.uuid4().hex[:6]}"})
+    producer = Producer({**client, "transactional.id": f"tidemark-smoke-{uuid.uuid4().hex[:6]}"})
     producer.init_transactions(30)
     for count, commit in ((COMMITTED // 2, True), (ABORTED, False), (COMMITTED // 2, True)):
         producer.begin_transaction()
@@ -58,8 +57,8 @@ def _kafka_checks(endpoints: Endpoints, topic: str) -> list[Check]:
             producer.produce(topic, key=str(i).encode(), value=f"{'ok' if commit else 'aborted'}-{i}".encode())
         producer.flush(30)
         producer.commit_transaction(30) if commit else producer.abort_transaction(30)
-    committed = read_to_end(endpoints.kafka_bootstrap, topic)
-    everything = read_to_end(endpoints.kafka_bootstrap, topic, isolation="read_uncommitted")
+    committed = read_to_end(endpoints.kafka_bootstrap, topic, extra=client)
+    everything = read_to_end(endpoints.kafka_bootstrap, topic, isolation="read_uncommitted", extra=client)
     return [
         Check("Kafka read_committed hides the aborted transaction",
               len(committed) == COMMITTED and all(r.value and r.value.startswith(b"ok") for r in committed),
@@ -74,10 +73,9 @@ def _spark_checks(settings: Settings, endpoints: Endpoints, topic: str) -> list[
     table = str(settings.home_dir / "demo" / f"smoke-{topic}")
     spark = spark_session()
     df = (spark.read.format("kafka")
-          .option("kafka.bootstrap.servers", endpoints.kafka_bootstrap)
+          .options(**endpoints.kafka_spark_options())  # read_committed
           .option("subscribe", topic)
           .option("startingOffsets", "earliest").option("endingOffsets", "latest")
-          .option("kafka.isolation.level", "read_committed")
           .load())
     rows = df.selectExpr("topic", "partition", "offset", "CAST(value AS STRING) AS value")
     seen = rows.count()
@@ -139,7 +137,7 @@ def run_demo(settings: Settings, *, keep: bool = False, duration: float = 60) ->
         done = _step("PostgreSQL logical decoding")
         checks += _postgres_checks(endpoints)
         done()
-        admin = AdminClient({"bootstrap.servers": endpoints.kafka_bootstrap, **client_logging()})  # kept alive for the future
+        admin = AdminClient(endpoints.kafka_client())  # kept alive for the future
         admin.delete_topics([topic])[topic].result(30)
         done = _step(f"the product for {duration:.0f}s: an order service's transactions -> outbox -> supervised "
                      "relay -> Kafka -> ingest every 5s through Prefect -> Delta; then a quality audit")

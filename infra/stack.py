@@ -9,22 +9,37 @@ inside the calling process (``local[*]``) or a cluster named by ``TIDEMARK_SPARK
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from infra import jars as jar_cache
 from infra.kafka import EmbeddedKafka
 from infra.postgres import EmbeddedPostgres
 from infra.prefect_server import EmbeddedPrefect
+from tidemark.config import KafkaConnection, KafkaSecurity
 from tidemark.settings import Settings
 
 
 @dataclass(frozen=True)
 class Endpoints:
-    """Where the running stack answers."""
+    """Where the running stack answers, and how a client authenticates to its Kafka."""
 
     kafka_bootstrap: str
     postgres_dsn: str
+    kafka_security: KafkaSecurity = field(default_factory=KafkaSecurity)
+    """The embedded cluster's ``admin`` (files, no secret in clear); plaintext for an external cluster."""
+
+    def kafka_client(self) -> dict[str, Any]:
+        """librdkafka properties for this stack's Kafka."""
+        from connectors.kafka_config import librdkafka_config
+
+        return librdkafka_config(KafkaConnection(security=self.kafka_security), self.kafka_bootstrap)
+
+    def kafka_spark_options(self) -> dict[str, str]:
+        from connectors.kafka_config import spark_options
+
+        return spark_options(KafkaConnection(security=self.kafka_security), self.kafka_bootstrap)
 
 
 class Stack:
@@ -68,7 +83,7 @@ class Stack:
         pg = self.postgres()
         bootstrap = kafka.bootstrap_servers if kafka else str(self.settings.kafka.bootstrap_servers)
         dsn = pg.dsn if pg else self.settings.postgres.dsn.get_secret_value()  # type: ignore[union-attr]
-        return Endpoints(bootstrap, dsn)
+        return Endpoints(bootstrap, dsn, kafka.client_security("admin") if kafka else KafkaSecurity())
 
     # -- lifecycle -----------------------------------------------------------------
 

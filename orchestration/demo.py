@@ -23,7 +23,6 @@ from typing import Any
 import psutil
 import yaml
 
-from connectors.kafka_config import client_logging
 from infra.sample_app import SampleApp
 from infra.stack import Endpoints
 from tidemark.settings import Settings
@@ -43,7 +42,10 @@ def _write_config(settings: Settings, endpoints: Endpoints, run: str) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     path = root / "tidemark.yaml"
     path.write_text(yaml.safe_dump({
-        "kafka": {"bootstrap_servers": endpoints.kafka_bootstrap},
+        "kafka": {"bootstrap_servers": endpoints.kafka_bootstrap,
+                  # The secured embedded cluster's admin, by file names: no secret in the config.
+                  "security": endpoints.kafka_security.model_dump(mode="json", exclude_none=True,
+                                                                  exclude_defaults=True)},
         "postgres": {"dsn": endpoints.postgres_dsn},
         "relay": {"id": f"demo-{run}", "table": f"public.demo_outbox_{run}", "topic": f"demo.{run}.{{aggregatetype}}",
                   "offsets_topic": f"demo.{run}.relay-offsets", "ack_every": 20},
@@ -127,6 +129,7 @@ def run(settings: Settings, endpoints: Endpoints, *, duration: float = 60, every
 def _summarise(spark: Any, config: Any, pipeline: Any, committed: set[str], lag: int, audit: Any,
                supervisor: Any) -> Summary:
     from connectors.admin import KafkaAdmin
+    from connectors.kafka_config import librdkafka_config
     from connectors.topic_reader import read_to_end
     from pipelines.dedup import EVENT_ID_COLUMN
     from pipelines.transactions import TXN_COLUMN
@@ -134,9 +137,10 @@ def _summarise(spark: Any, config: Any, pipeline: Any, committed: set[str], lag:
     from tidemark.context import resolve_bootstrap
 
     bootstrap = resolve_bootstrap(config)
-    with KafkaAdmin({"bootstrap.servers": bootstrap, **client_logging()}) as admin:
+    client = librdkafka_config(config.kafka, bootstrap)
+    with KafkaAdmin(client) as admin:
         topics = admin.topics_matching(pipeline.topics, pipeline.topic_pattern)
-    in_kafka = Counter(v.decode() for t in topics for r in read_to_end(bootstrap, t)
+    in_kafka = Counter(v.decode() for t in topics for r in read_to_end(bootstrap, t, extra=client)
                        for k, v in r.headers if k == "id")
     table = spark.read.format("delta").load(pipeline.target)
     in_delta = Counter(r[0] for r in table.select(EVENT_ID_COLUMN).collect())

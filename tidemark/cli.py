@@ -67,7 +67,11 @@ def cmd_stack_up(args: argparse.Namespace) -> int:
     endpoints = stack.up()
     prefect = stack.prefect_api() if args.prefect else None
     print(f"stack up in {time.monotonic() - started:.1f}s")
-    print(f"  kafka     {endpoints.kafka_bootstrap}")
+    sec = endpoints.kafka_security
+    how = "" if sec.protocol == "PLAINTEXT" else f" ({sec.protocol}; CA {sec.ssl_ca_location}; " + (
+        f"admin's password in {sec.sasl_password_file})" if sec.sasl_password_file
+        else f"admin's certificate {sec.ssl_certificate_location})")
+    print(f"  kafka     {endpoints.kafka_bootstrap}{how}")
     print(f"  postgres  {endpoints.postgres_dsn}")
     if prefect:
         print(f"  prefect   {prefect} (UI {prefect.removesuffix('/api')})")
