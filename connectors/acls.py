@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tidemark.config import PipelineConfig, TidemarkConfig
+from tidemark.config import KafkaSecurity, PipelineConfig, TidemarkConfig
 from tidemark.errors import ConfigError, KafkaAccessError
 
 _PRODUCE = ("WRITE", "DESCRIBE", "CREATE", "DESCRIBE_CONFIGS")
@@ -67,9 +67,30 @@ def _pattern_prefix(pipeline: PipelineConfig) -> str:
     return prefix
 
 
-def ingest_grants(config: TidemarkConfig, principal: str) -> list[Grant]:
+def principal_of(security: KafkaSecurity | None, default: str) -> str:
+    """The user a component's own credentials name: its SASL user, or its certificate's CN
+    (what the broker's principal mapping takes); ``default`` when it has none of its own."""
+    if security is None:
+        return default
+    if security.sasl_username:
+        return security.sasl_username
+    if security.ssl_certificate_location is not None:
+        from cryptography import x509
+        from cryptography.x509.oid import NameOID
+
+        cert = x509.load_pem_x509_certificate(security.ssl_certificate_location.expanduser().read_bytes())
+        names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+        if names:
+            return str(names[0].value)
+    return default
+
+
+def ingest_grants(config: TidemarkConfig, principal: str, only: str | None = None) -> list[Grant]:
+    """What ``principal`` needs to run the config's pipelines (``only``: that one)."""
     grants: list[Grant] = []
     for p in config.pipelines:
+        if only is not None and p.name != only:
+            continue
         if p.topics:
             grants += [Grant(principal, "TOPIC", t, "LITERAL", ("READ", "DESCRIBE")) for t in p.topics]
         else:

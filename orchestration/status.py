@@ -91,8 +91,8 @@ def relay_summary(config: TidemarkConfig, dsn: str) -> dict[str, str]:
     from outbox.relay import relay_status
 
     try:
-        return relay_status(config.relay, dsn=dsn, client_config=librdkafka_config(config.kafka,
-                                                                                   resolve_bootstrap(config)))
+        own = config.for_relay()  # the relay's own credentials, if it has any
+        return relay_status(config.relay, dsn=dsn, client_config=librdkafka_config(own.kafka, resolve_bootstrap(own)))
     except TidemarkError as exc:
         return {"relay": config.relay.id, "state": str(exc).splitlines()[0]}
     except Exception as exc:  # noqa: BLE001 - PostgreSQL unreachable: say so, keep the screen

@@ -325,6 +325,7 @@ def _relay_context(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     config = load(path) if path.exists() or args.config != "tidemark.yaml" else with_stack_security(TidemarkConfig())
     if args.relay_id:
         config = config.model_copy(update={"relay": config.relay.model_copy(update={"id": args.relay_id})})
+    config = config.for_relay()
     secret = config.postgres.dsn or settings().postgres.dsn
     dsn = secret.get_secret_value() if secret else None
     bootstrap = config.kafka.bootstrap_servers
@@ -471,7 +472,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     bootstrap = resolve_bootstrap(config)
     preflight(config, bootstrap)
     quality_dir = settings().home_dir / "quality"
-    statuses = [pipeline_status(PipelineContext(config, p, bootstrap), quality_dir) for p in config.pipelines]
+    statuses = [pipeline_status(PipelineContext(config.for_pipeline(p.name), p, bootstrap), quality_dir)
+                for p in config.pipelines]
     relay = None
     if args.relay:
         _, dsn, _ = _relay_context(argparse.Namespace(config=args.config, relay_id=None))
@@ -512,13 +514,24 @@ def _size(n: int) -> str:
 
 def cmd_acls(args: argparse.Namespace) -> int:
     """The ACLs the relay and the ingest need for this config; with --apply, created."""
-    from connectors.acls import apply, ingest_grants, relay_grants
+    from pathlib import Path
+
+    from connectors.acls import apply, ingest_grants, principal_of, relay_grants
     from connectors.kafka_config import librdkafka_config
+    from tidemark.config import KafkaSecurity, load_config
     from tidemark.context import load, preflight, resolve_bootstrap
 
+    # Principals from the config as written: a component's own credentials, else the shared ones,
+    # else the embedded cluster's relay and ingest users (not the admin a bare config connects as).
+    written = load_config(Path(args.config))
+    shared = written.kafka.security if written.kafka.security != KafkaSecurity() else None
     config = load(args.config)
-    grants = relay_grants(config, f"User:{args.relay_principal}") + ingest_grants(
-        config, f"User:{args.ingest_principal}")
+    relay = args.relay_principal or principal_of(written.relay.kafka_security or shared, "relay")
+    grants = relay_grants(config, f"User:{relay}")
+    for p in written.pipelines:
+        user = args.ingest_principal or principal_of(p.kafka_security or shared, "ingest")
+        grants += ingest_grants(config, f"User:{user}", only=p.name)
+    grants = list(dict.fromkeys(grants))  # pipelines sharing a principal share its group grants
     bootstrap = resolve_bootstrap(config)
     if not args.apply:
         for g in grants:
@@ -526,8 +539,8 @@ def cmd_acls(args: argparse.Namespace) -> int:
         return 0
     preflight(config, bootstrap)
     apply(librdkafka_config(config.kafka, bootstrap), grants)
-    print(f"created {sum(len(g.operations) for g in grants)} ACL(s) for User:{args.relay_principal} (relay) and "
-          f"User:{args.ingest_principal} (ingest)")
+    principals = sorted({g.principal for g in grants})
+    print(f"created {sum(len(g.operations) for g in grants)} ACL(s) for {', '.join(principals)}")
     return 0
 
 
@@ -662,9 +675,11 @@ def build_parser() -> argparse.ArgumentParser:
     acls = sub.add_parser("acls", help="the Kafka ACLs the relay and the ingest need (kafka-acls commands); "
                                        "--apply creates them")
     acls.add_argument("--config", default="tidemark.yaml", help="config file (default ./tidemark.yaml)")
-    acls.add_argument("--relay-principal", default="relay", metavar="NAME", help="the relay's user (default relay)")
-    acls.add_argument("--ingest-principal", default="ingest", metavar="NAME",
-                      help="the ingest's user (default ingest)")
+    acls.add_argument("--relay-principal", metavar="NAME",
+                      help="the relay's user (default: relay.kafka_security's user or certificate CN, else relay)")
+    acls.add_argument("--ingest-principal", metavar="NAME",
+                      help="every pipeline's user (default: each pipeline's kafka_security user or certificate "
+                           "CN, else ingest)")
     acls.add_argument("--apply", action="store_true", help="create them, connecting as kafka.security says "
                                                              "(a principal allowed to alter ACLs)")
     acls.set_defaults(func=cmd_acls)

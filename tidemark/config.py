@@ -254,6 +254,8 @@ class PipelineConfig(BaseModel):
     """Source topics, read under read_committed."""
     topic_pattern: str | None = None
     """Regex of source topics, instead of ``topics``; matching topics are picked up as they appear."""
+    kafka_security: KafkaSecurity | None = None
+    """This pipeline's own Kafka credentials (its ingest principal), instead of ``kafka.security``."""
     target: str
     """Delta table path (local path or object-store URI)."""
     quarantine: str | None = None
@@ -384,6 +386,8 @@ class RelayConfig(BaseModel):
     max_transaction_bytes: Annotated[ByteSize, Field(gt=0)] = ByteSize(256 * 1024 * 1024)
     """The same limit in bytes of its events (ids, types, keys, payloads)."""
     group: GroupCommitConfig = GroupCommitConfig()
+    kafka_security: KafkaSecurity | None = None
+    """The relay's own Kafka credentials (its principal), instead of ``kafka.security``."""
     on_oversized: Literal["stop", "dead_letter"] = "stop"
     """An event larger than Kafka takes (the producer's and the topic's message size limits):
     ``stop`` the relay before anything of its source transaction is produced, naming it, until
@@ -438,6 +442,19 @@ class TidemarkConfig(BaseModel):
         if dupes:
             raise ValueError(f"pipeline names must be unique; repeated: {', '.join(dupes)}")
         return pipelines
+
+    def with_security(self, security: KafkaSecurity | None) -> TidemarkConfig:
+        """This config with ``security`` (a component's own credentials) as ``kafka.security``."""
+        if security is None:
+            return self
+        return self.model_copy(update={"kafka": self.kafka.model_copy(update={"security": security})})
+
+    def for_pipeline(self, name: str) -> TidemarkConfig:
+        """The config as pipeline ``name``'s clients use it: with its own credentials if it has any."""
+        return self.with_security(self.pipeline(name).kafka_security)
+
+    def for_relay(self) -> TidemarkConfig:
+        return self.with_security(self.relay.kafka_security)
 
     def pipeline(self, name: str) -> PipelineConfig:
         for p in self.pipelines:

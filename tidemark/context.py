@@ -75,7 +75,7 @@ def resolve_bootstrap(config: TidemarkConfig) -> str:
 
 
 def pipeline_context(config_path: str | Path, name: str) -> PipelineContext:
-    config = load(config_path)
+    config = load(config_path).for_pipeline(name)
     pipeline = config.pipeline(name)
     bootstrap = resolve_bootstrap(config)
     preflight(config, bootstrap, pipeline.topics)

@@ -75,3 +75,25 @@ def test_acls_follow_the_config() -> None:
     with pytest.raises(ConfigError, match="no literal prefix"):
         ingest_grants(parse_config({"pipelines": [{"name": "c", "topic_pattern": ".*", "target": "/t/c",
                                                     "schema": "id INT"}]}), "User:i")
+
+
+def test_each_component_may_name_its_own_principal(tmp_path: Path) -> None:
+    from connectors.acls import principal_of
+    from infra.tls import LocalCA
+
+    pem = LocalCA(tmp_path / "ca").issue("shop-ingest")
+    shared = {"protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "sasl_username": "ops",
+              "sasl_password_env": "OPS_PW"}
+    config = parse_config({
+        "kafka": {"bootstrap_servers": "b:1", "security": shared},
+        "relay": {"kafka_security": {**shared, "sasl_username": "shop-relay"}},
+        "pipelines": [{"name": "a", "topics": ["t"], "target": "/t/a", "schema": "id INT",
+                       "kafka_security": {"protocol": "SSL", "ssl_certificate_location": str(pem.certificate),
+                                          "ssl_key_location": str(pem.key)}},
+                      {"name": "b", "topics": ["u"], "target": "/t/b", "schema": "id INT"}]})
+    assert config.for_relay().kafka.security.sasl_username == "shop-relay"
+    assert config.for_pipeline("a").kafka.security.protocol == "SSL"
+    assert config.for_pipeline("b").kafka.security.sasl_username == "ops"  # no own credentials: the shared ones
+    assert principal_of(config.relay.kafka_security, "relay") == "shop-relay"
+    assert principal_of(config.pipeline("a").kafka_security, "ingest") == "shop-ingest"
+    assert principal_of(config.pipeline("b").kafka_security, "ingest") == "ingest"
