@@ -61,8 +61,9 @@ class IngestJob:
         self.on_batch: Callable[[BatchResult, float], None] | None = None
         """Called after each committed batch with its seconds (metrics); a replay found at start counts
         its own call's seconds only when no new batch followed it in the same call."""
-        self.client_config = librdkafka_config(config.kafka, bootstrap)
-        self.kafka_options = spark_options(config.kafka, bootstrap)
+        kafka = config.with_security(pipeline.kafka_security).kafka  # the pipeline's own principal, if any
+        self.client_config = librdkafka_config(kafka, bootstrap)
+        self.kafka_options = spark_options(kafka, bootstrap)
         self._listed: dict[int, transactions.RelayRanges] = {}
         """Per batch cut from the manifest: what it listed (its write's guard lets those transactions be)."""
         self.protocol = CommitProtocol(

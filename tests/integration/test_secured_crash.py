@@ -1,7 +1,8 @@
 """The secured stack under SIGKILL, and the whole product searched for its password (slow stage).
 
-One pipeline over SASL_SSL as the least-privileged ``ingest`` principal, whose password is
-written in clear in ``tidemark.yaml`` (the worst a user may do): ``tidemark ingest`` is
+One pipeline over SASL_SSL as the least-privileged ``ingest`` principal, given as the
+pipeline's own credentials, whose password is written in clear in ``tidemark.yaml`` (the
+worst a user may do): ``tidemark ingest`` is
 SIGKILLed at every step of the commit protocol while a producer writes, and restarted;
 then ``--follow``, ``check``, ``offsets show``, ``status``, ``backfill`` and a Prefect flow run
 over the same cluster. The table must hold every committed record once, and the password
@@ -60,7 +61,8 @@ def test_sigkill_at_every_step_over_sasl_ssl_and_the_password_leaks_nowhere(
     assert password.startswith(CANARY)
     security = {"protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "sasl_username": "ingest",
                 "sasl_password": password, "ssl_ca_location": str(sasl.ca.certificate)}
-    p = Pipeline.create(spark, sasl.bootstrap_servers, topic, tmp_path, security=security,
+    # The pipeline's own credentials (kafka.security stays plaintext): every command must use them.
+    p = Pipeline.create(spark, sasl.bootstrap_servers, topic, tmp_path, kafka_security=security,
                         max_records_per_batch=2000, transactions={"manifest_topic": None})
     apply({**admin, "bootstrap.servers": sasl.bootstrap_servers}, ingest_grants(load_config(p.config), "User:ingest"))
     home = tmp_path / "home"
