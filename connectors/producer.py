@@ -243,6 +243,30 @@ class TransactionalProducer:
             self._disturbed = self._disturbed or f"abortable {err.name()} in {what}"
             self.abort(timeout)
             raise TransactionAbortedError(f"{what}: transaction aborted by {err.name()} ({err.str()})") from None
+        except SystemError as exc:
+            self._settle_unexplained(exc, what, timeout)
+
+    def _settle_unexplained(self, exc: SystemError, what: str, timeout: float) -> None:
+        """A call failed inside the transaction with a ``SystemError`` and no Kafka error at all.
+
+        confluent-kafka does this when the instance turns fatal (fenced) while it serves
+        delivery reports and it loses the error on the way (``returned NULL without setting an
+        exception``; see :func:`_serve` for the variant that keeps it). The instance's state
+        says what happened: aborting the transaction raises the fatal error if there is one,
+        which then ends the caller as it should; if the abort succeeds, nothing was fatal and
+        the transaction is simply redone, like any abortable error, in a renewed instance.
+        """
+        try:
+            self._producer.abort_transaction(timeout)
+        except KafkaException as abort_exc:
+            err: KafkaError = abort_exc.args[0]
+            if err.fatal() or err.code() in _FENCED:
+                raise _fatal(err, what, self.transactional_id) from None
+            raise ProducerFatalError(f"{what}: the Kafka client failed ({exc}), then its abort failed with "
+                                     f"{err.name()} ({err.str()})") from None
+        self._disturbed = f"the Kafka client failed without an error in {what}"
+        raise TransactionAbortedError(f"{what}: the Kafka client failed without an error ({exc}); the transaction "
+                                      "was aborted to be redone") from None
 
     def abort(self, timeout: float = 60.0) -> None:
         """Abort the open transaction (what it produced is never visible to read_committed readers)."""
