@@ -55,9 +55,8 @@ def spark_options(conn: KafkaConnection, bootstrap: str) -> dict[str, str]:
     """``kafka.*`` options for Spark's Kafka source, always read_committed.
 
     The SASL password travels in ``kafka.sasl.jaas.config``, the one way the Java client
-    takes it. Spark redacts option values matching ``spark.redaction.regex`` (``password``)
-    in plans and the UI, and the Java client prints the JAAS line as ``[hidden]``; the
-    no-leak test holds both to it.
+    takes it. Spark's plans of a Kafka read show none of its options, and the Java client
+    logs the JAAS line as ``[hidden]``; the no-leak tests (``test_secured*.py``) hold both to it.
     """
     sec = conn.security
     opts = {

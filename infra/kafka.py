@@ -23,7 +23,6 @@ user: only brokers on this host reach it).
 from __future__ import annotations
 
 import base64
-import os
 import secrets
 import socket
 import subprocess
@@ -42,12 +41,12 @@ from infra.process import (
     tail,
     wait_until,
 )
-from infra.tls import LocalCA
+from infra.tls import LocalCA, write_private
 from tidemark.config import KafkaSecurity
 from tidemark.errors import ServiceStartError
 
 #: Principals of a secured embedded cluster: a super user, and the two whose least
-#: privileges ``infra.acls`` grants.
+#: privileges ``connectors.acls`` grants.
 PRINCIPALS = ("admin", "relay", "ingest")
 
 _LOG4J2 = """\
@@ -143,10 +142,7 @@ class EmbeddedKafka:
         """Where the SCRAM password of ``principal`` is kept (made on first use, mode 0600)."""
         path = self.ca.directory / f"{principal}.password"
         if not path.exists():
-            self.ca.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(secrets.token_urlsafe(24))
+            write_private(path, secrets.token_urlsafe(24).encode())
         return path
 
     def client_security(self, principal: str = "admin") -> KafkaSecurity:

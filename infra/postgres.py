@@ -26,7 +26,7 @@ import warnings
 from pathlib import Path
 
 from infra.process import LOOPBACK, PidFile, require_free_ports, stop_process, tail
-from infra.tls import LocalCA
+from infra.tls import LocalCA, write_private
 from tidemark.errors import ServiceStartError
 
 DATABASE = "tidemark"
@@ -98,10 +98,7 @@ class EmbeddedPostgres:
         if not path.exists():
             import secrets
 
-            self.ca.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(f"{LOOPBACK}:*:*:{USER}:{secrets.token_urlsafe(24)}\n")
+            write_private(path, f"{LOOPBACK}:*:*:{USER}:{secrets.token_urlsafe(24)}\n".encode())
         return path
 
     @property

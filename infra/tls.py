@@ -30,7 +30,9 @@ class Pem:
         return self.certificate.with_name(self.certificate.stem.removesuffix(".crt") + ".keystore.pem")
 
 
-def _write(path: Path, data: bytes) -> None:
+def write_private(path: Path, data: bytes) -> None:
+    """``data`` into ``path``, readable by its owner only from its first byte (its directory 0700)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
@@ -70,9 +72,9 @@ class LocalCA:
                                              data_encipherment=False, key_agreement=False,
                                              encipher_only=False, decipher_only=False), critical=True)
                 .sign(key, hashes.SHA256()))
-        _write(key_path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        write_private(key_path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                            serialization.NoEncryption()))
-        _write(self.certificate, cert.public_bytes(serialization.Encoding.PEM))
+        write_private(self.certificate, cert.public_bytes(serialization.Encoding.PEM))
         return key, cert
 
     def issue(self, name: str, *, server: bool = False, valid: dt.timedelta = VALIDITY,
@@ -109,7 +111,7 @@ class LocalCA:
         key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                     serialization.NoEncryption())
         cert_pem = cert.public_bytes(serialization.Encoding.PEM)
-        _write(pem.key, key_pem)
-        _write(pem.certificate, cert_pem)
-        _write(pem.combined, key_pem + cert_pem)
+        write_private(pem.key, key_pem)
+        write_private(pem.certificate, cert_pem)
+        write_private(pem.combined, key_pem + cert_pem)
         return pem

@@ -19,6 +19,7 @@ from infra import jars as jar_cache
 from infra.kafka import EmbeddedKafka
 from infra.postgres import EmbeddedPostgres
 from infra.process import free_port_block
+from infra.tls import write_private
 from tidemark.settings import Settings
 
 
@@ -90,11 +91,8 @@ def secured_kafka(settings: Settings, root: Path, security: str, *, brokers: int
     jars = jar_cache.resolve(settings.home_dir, "kafka")
     cluster = EmbeddedKafka(root, jars, port=free_port_block(2 * brokers, start=37092), brokers=brokers, heap="384m",
                             security=security)
-    (root / "secrets").mkdir(parents=True, exist_ok=True, mode=0o700)
     for principal in ("relay", "ingest"):  # before the format creates the users with them
-        path = root / "secrets" / f"{principal}.password"
-        path.write_text(f"{CANARY}-{principal}-{os.urandom(6).hex()}")
-        path.chmod(0o600)
+        write_private(root / "secrets" / f"{principal}.password", f"{CANARY}-{principal}-{os.urandom(6).hex()}".encode())
     cluster.start()
     try:
         yield cluster
