@@ -1,5 +1,8 @@
 """The secured stack under SIGKILL, and the whole product searched for its password (slow stage).
 
+This is also the slow stage's every-step SIGKILL harness of the ingest (the random-kill one
+stays on plaintext, ``test_ingest_crash.py``).
+
 One pipeline over SASL_SSL as the least-privileged ``ingest`` principal, given as the
 pipeline's own credentials, whose password is written in clear in ``tidemark.yaml`` (the
 worst a user may do): ``tidemark ingest`` is
@@ -29,7 +32,13 @@ from connectors.acls import apply, ingest_grants
 from connectors.kafka_config import librdkafka_config
 from infra.kafka import EmbeddedKafka
 from offsets.protocol import CRASH_POINTS
-from tests.ingest_harness import BackgroundProducer, Pipeline, assert_exactly_once, process_env
+from tests.ingest_harness import (
+    BackgroundProducer,
+    Pipeline,
+    assert_exactly_once,
+    process_env,
+    target_commits_per_batch,
+)
 from tests.orchestration_harness import flow_outcome, prefect_env, start_flow
 from tests.stack_fixtures import CANARY, secured_kafka
 from tidemark.config import KafkaConnection, load_config
@@ -86,7 +95,7 @@ def test_sigkill_at_every_step_over_sasl_ssl_and_the_password_leaks_nowhere(
         with log.open("w") as sink:
             follow = subprocess.Popen([sys.executable, "-m", "tidemark.cli", "ingest", "orders", "--config",
                                        str(p.config), "--follow"], env=env, stdout=sink, stderr=subprocess.STDOUT)
-            time.sleep(25)
+            time.sleep(15)
             follow.send_signal(signal.SIGTERM)
             assert follow.wait(120) == 0, log.read_text()[-2000:]
         outputs.append(log.read_text())
@@ -94,6 +103,7 @@ def test_sigkill_at_every_step_over_sasl_ssl_and_the_password_leaks_nowhere(
         producer.stop()
     run("ingest", "orders", "--config", str(p.config))
     assert assert_exactly_once(spark, str(p.target), sasl.bootstrap_servers, [topic], admin) > 0
+    assert max(target_commits_per_batch(spark, str(p.target)).values()) == 1
 
     run("check", "orders", "--config", str(p.config))
     run("offsets", "show", "orders", "--config", str(p.config))
