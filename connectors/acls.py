@@ -99,6 +99,11 @@ def ingest_grants(config: TidemarkConfig, principal: str, only: str | None = Non
             grants.append(Grant(principal, "TOPIC", p.transactions.manifest_topic, "LITERAL", ("READ", "DESCRIBE")))
     grants += [Grant(principal, "GROUP", "tidemark-", "PREFIXED", ("READ",)),
                Grant(principal, "GROUP", "spark-kafka-", "PREFIXED", ("READ",))]
+    return merged(grants)
+
+
+def merged(grants: list[Grant]) -> list[Grant]:
+    """One grant per principal and resource pattern, with the operations of all that name it."""
     unique: dict[tuple[str, str, str, str], Grant] = {}
     for g in grants:
         key = (g.principal, g.resource, g.name, g.pattern)

@@ -516,7 +516,7 @@ def cmd_acls(args: argparse.Namespace) -> int:
     """The ACLs the relay and the ingest need for this config; with --apply, created."""
     from pathlib import Path
 
-    from connectors.acls import apply, ingest_grants, principal_of, relay_grants
+    from connectors.acls import apply, ingest_grants, merged, principal_of, relay_grants
     from connectors.kafka_config import librdkafka_config
     from tidemark.config import KafkaSecurity, load_config
     from tidemark.context import load, preflight, resolve_bootstrap
@@ -531,7 +531,7 @@ def cmd_acls(args: argparse.Namespace) -> int:
     for p in written.pipelines:
         user = args.ingest_principal or principal_of(p.kafka_security or shared, "ingest")
         grants += ingest_grants(config, f"User:{user}", only=p.name)
-    grants = list(dict.fromkeys(grants))  # pipelines sharing a principal share its group grants
+    grants = merged(grants)  # pipelines sharing a principal share its group grants
     bootstrap = resolve_bootstrap(config)
     if not args.apply:
         for g in grants:
