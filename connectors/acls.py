@@ -4,9 +4,9 @@ Derived from ``tidemark.yaml`` so they follow the config: the relay's event topi
 prefix for a ``{aggregatetype}`` template), its offsets and manifest topics and its
 ``transactional.id``; each pipeline's topics and the manifest it reads. ``tidemark acls``
 prints them as ``kafka-acls`` commands, or creates them with ``--apply`` (as a principal
-allowed to alter ACLs). The consumer groups are prefixes because every reader uses a fresh
-group id and commits nothing: ``tidemark-`` for Tidemark's own readers, ``spark-kafka-``
-for Spark's Kafka source.
+allowed to alter ACLs). No consumer group is granted: every reader, Tidemark's and Spark's,
+assigns its partitions and commits nothing, so none ever asks a group coordinator (the
+least-privileged runs of ``tests/integration/test_secured.py`` hold no group ACL).
 """
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ class Grant:
     principal: str
     """``User:<name>``."""
     resource: str
-    """TOPIC, GROUP or TRANSACTIONAL_ID."""
+    """TOPIC or TRANSACTIONAL_ID."""
     name: str
     pattern: str
     """LITERAL or PREFIXED."""
     operations: tuple[str, ...]
 
     def command(self, bootstrap: str = "BROKER:9093") -> str:
-        flag = {"TOPIC": "--topic", "GROUP": "--group", "TRANSACTIONAL_ID": "--transactional-id"}[self.resource]
+        flag = {"TOPIC": "--topic", "TRANSACTIONAL_ID": "--transactional-id"}[self.resource]
         ops = " ".join("--operation " + "".join(w.capitalize() for w in o.split("_")) for o in self.operations)
         return (f"kafka-acls.sh --bootstrap-server {bootstrap} --command-config admin.properties --add "
                 f"--allow-principal {self.principal} {ops} {flag} '{self.name}' "
@@ -45,8 +45,7 @@ def relay_grants(config: TidemarkConfig, principal: str) -> list[Grant]:
     relay = config.relay
     grants = [Grant(principal, "TOPIC", relay.offsets_topic, "LITERAL", ("READ", *_PRODUCE)),
               Grant(principal, "TOPIC", relay.manifest_topic, "LITERAL", _PRODUCE),
-              Grant(principal, "TRANSACTIONAL_ID", relay.transactional_id, "LITERAL", ("WRITE", "DESCRIBE")),
-              Grant(principal, "GROUP", "tidemark-", "PREFIXED", ("READ",))]
+              Grant(principal, "TRANSACTIONAL_ID", relay.transactional_id, "LITERAL", ("WRITE", "DESCRIBE"))]
     head, placeholder, _ = relay.topic.partition("{aggregatetype}")
     if placeholder and not head:
         raise ConfigError("relay.topic starts with {aggregatetype}: no ACL prefix can cover it; give the topics "
@@ -97,8 +96,6 @@ def ingest_grants(config: TidemarkConfig, principal: str, only: str | None = Non
             grants.append(Grant(principal, "TOPIC", _pattern_prefix(p), "PREFIXED", ("READ", "DESCRIBE")))
         if p.transactions.manifest_topic:
             grants.append(Grant(principal, "TOPIC", p.transactions.manifest_topic, "LITERAL", ("READ", "DESCRIBE")))
-    grants += [Grant(principal, "GROUP", "tidemark-", "PREFIXED", ("READ",)),
-               Grant(principal, "GROUP", "spark-kafka-", "PREFIXED", ("READ",))]
     return merged(grants)
 
 
@@ -128,6 +125,8 @@ def apply(client_config: Mapping[str, Any], grants: list[Grant], timeout: float 
     bindings = [AclBinding(ResourceType[g.resource], g.name, ResourcePatternType[g.pattern], g.principal, "*",
                            AclOperation[op], AclPermissionType.ALLOW)
                 for g in grants for op in g.operations]
+    if not bindings:
+        return
     admin = AdminClient({k: v for k, v in client_config.items() if k != "logger"})
     for binding, future in admin.create_acls(bindings, request_timeout=timeout).items():
         try:

@@ -52,6 +52,36 @@ def check_access(client_config: Mapping[str, Any], topics: Iterable[str] = (), *
                 "Grant it the ACLs `tidemark acls` prints for this config (docs/operations.md, \"Secured cluster\")")
 
 
+def require_operation(client_config: Mapping[str, Any], topics: Iterable[str], operation: str, *,
+                      role: str = "this", timeout: float = PREFLIGHT_SECONDS) -> None:
+    """Raise :class:`KafkaAccessError` if this principal may not ``operation`` (READ, WRITE...) one of ``topics``.
+
+    Asked of the broker itself (a topic description with the caller's authorized
+    operations), because what a refused transactional write leaves behind is only
+    "purged" delivery reports, the cause going to a log line. A topic that cannot be
+    described for another reason is left to the caller's own error handling.
+    """
+    from confluent_kafka import KafkaError, KafkaException, TopicCollection
+    from confluent_kafka.admin import AclOperation, AdminClient
+
+    admin = AdminClient({k: v for k, v in client_config.items() if k != "logger"} | {"log_level": 0})
+    wanted = getattr(AclOperation, operation)
+    futures = admin.describe_topics(TopicCollection(list(topics)), include_authorized_operations=True,
+                                    request_timeout=timeout)
+    for topic, future in futures.items():
+        try:
+            allowed = future.result().authorized_operations
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                continue
+            allowed = []
+        if allowed is not None and wanted not in allowed and AclOperation.ALL not in allowed:
+            raise KafkaAccessError(
+                f"{role} Kafka principal {_who(client_config)} may not {operation.lower()} topic {topic!r}: an ACL "
+                "is missing. Grant it the ACLs `tidemark acls` prints for this config (docs/operations.md, "
+                "\"Secured cluster\")")
+
+
 def _who(conf: Mapping[str, Any]) -> str:
     if conf.get("sasl.username"):
         return repr(conf["sasl.username"])

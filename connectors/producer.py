@@ -44,12 +44,17 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from tidemark.errors import TerminalError, TransientError
+from tidemark.errors import KafkaAccessError, TerminalError, TransientError
 
 log = logging.getLogger(__name__)
 
-_FENCED = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
-           KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
+_FENCED = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+
+#: Refusals by the authorizer: no retry, renewal or redo can mend them, only an ACL can.
+_REFUSED = {KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: "may not use transactional.id {tid!r}",
+            KafkaError.TOPIC_AUTHORIZATION_FAILED: "may not write to {what}",
+            KafkaError.CLUSTER_AUTHORIZATION_FAILED: "may not use idempotent or transactional produce (cluster "
+                                                     "IdempotentWrite)"}
 
 #: What ``on_delivery`` callbacks receive: (error or None, message).
 Delivery = Callable[[Any, Any], None]
@@ -82,11 +87,22 @@ class CommitOutcomeUnknownError(TransientError):
 
 
 def _fatal(err: KafkaError, what: str, transactional_id: str) -> TerminalError:
+    if err.code() in _REFUSED:
+        return _refused(err, what, transactional_id)
     if err.code() in _FENCED:
         return ProducerFencedError(
             f"{what}: fenced by a newer producer with transactional.id {transactional_id!r} ({err.str()}); "
             "another instance with this id took over, so this one stops without writing anything more")
     return ProducerFatalError(f"{what}: fatal Kafka producer error {err.name()}: {err.str()}")
+
+
+def _refused(err: KafkaError, what: str, transactional_id: str) -> KafkaAccessError:
+    """One line naming the missing ACL and what to run (exit 77; never a fence, a retry or a redo)."""
+    topic = what.removeprefix("producing to ") if what.startswith("producing to ") else "a topic of this transaction"
+    denied = _REFUSED[err.code()].format(tid=transactional_id, what=topic)
+    return KafkaAccessError(
+        f"{what}: this Kafka principal {denied}: an ACL is missing ({err.name()}). Grant it the ACLs "
+        "`tidemark acls` prints for this config (docs/operations.md, \"Secured cluster\")")
 
 
 class TransactionalProducer:
@@ -147,7 +163,7 @@ class TransactionalProducer:
                 return
             except KafkaException as exc:
                 err: KafkaError = exc.args[0]
-                if err.fatal():
+                if err.fatal() or err.code() in _REFUSED:
                     raise _fatal(err, what, self.transactional_id) from None
                 if err.txn_requires_abort():
                     raise
@@ -238,7 +254,7 @@ class TransactionalProducer:
                     f"{what}: commit_transaction failed with {err.name()} ({err.str()}); outcome unknown") from None
         except KafkaException as exc:
             err = exc.args[0]
-            if err.fatal() or not err.txn_requires_abort():
+            if err.fatal() or not err.txn_requires_abort() or err.code() in _REFUSED:
                 raise _fatal(err, what, self.transactional_id) from None
             self._disturbed = self._disturbed or f"abortable {err.name()} in {what}"
             self.abort(timeout)
@@ -260,7 +276,7 @@ class TransactionalProducer:
             self._producer.abort_transaction(timeout)
         except KafkaException as abort_exc:
             err: KafkaError = abort_exc.args[0]
-            if err.fatal() or err.code() in _FENCED:
+            if err.fatal() or err.code() in _FENCED or err.code() in _REFUSED:
                 raise _fatal(err, what, self.transactional_id) from None
             raise ProducerFatalError(f"{what}: the Kafka client failed ({exc}), then its abort failed with "
                                      f"{err.name()} ({err.str()})") from None

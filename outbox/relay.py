@@ -70,7 +70,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
-from connectors.preflight import postgres_refusal
+from connectors.preflight import postgres_refusal, require_operation
 from connectors.producer import (
     CommitOutcomeUnknownError,
     KafkaUnavailableError,
@@ -100,7 +100,7 @@ from outbox.position import (
 from outbox.schema import TableName
 from outbox.source import verify
 from tidemark.config import RelayConfig
-from tidemark.errors import ConfigError, ServiceUnavailableError, TerminalError
+from tidemark.errors import ConfigError, KafkaAccessError, ServiceUnavailableError, TerminalError
 
 log = logging.getLogger(__name__)
 
@@ -267,8 +267,14 @@ class Relay:
                     future.result(30)
                     log.info("created topic %s", topic)
                 except Exception as exc:  # noqa: BLE001 - a rival relay may have created it
-                    if "TOPIC_ALREADY_EXISTS" not in str(exc):
-                        raise TerminalError(f"cannot create topic {topic}: {exc}; create it or grant CreateTopics")
+                    if "TOPIC_ALREADY_EXISTS" in str(exc):
+                        continue
+                    if "AUTHORIZATION_FAILED" in str(exc):
+                        raise KafkaAccessError(
+                            f"cannot create topic {topic}: the relay's Kafka principal may neither see (Describe) "
+                            "nor create it: an ACL is missing. Grant the ACLs `tidemark acls` prints for this config"
+                        ) from None
+                    raise TerminalError(f"cannot create topic {topic}: {exc}; create it or grant CreateTopics")
         resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in sorted(missing)]
         for resource, future in admin.describe_configs(resources).items():
             try:
@@ -483,7 +489,9 @@ class Relay:
                           for tp, (index, key, value, headers) in group.held.items())
             _crash_point("produced")
             p.flush(self.config.transaction_timeout_ms / 1000)
-            if group.failed:
+            if group.failed:  # a missing ACL no redo can mend? (librdkafka reports only "purged" then)
+                require_operation(self.client_config, sorted({f.split(": ", 1)[0] for f in group.failed}), "WRITE",
+                                  role="the relay's")
                 raise TransactionAbortedError(f"{len(group.failed)} event(s) not delivered, e.g. {group.failed[0]}")
             try:
                 resolved = iter(placement.resolve(group.offsets))

@@ -57,13 +57,17 @@ def with_stack_security(config: TidemarkConfig) -> TidemarkConfig:
 
 def preflight(config: TidemarkConfig, bootstrap: str, topics: tuple[str, ...] = ()) -> None:
     """On a secured cluster, one metadata request first: a refused login, an untrusted
-    certificate or a hidden topic becomes one clear line now (``connectors.preflight``)."""
+    certificate, a hidden topic or one the principal may not read becomes one clear line
+    now, not a Java stack trace from Spark later (``connectors.preflight``)."""
     if config.kafka.security.protocol == "PLAINTEXT":
         return
     from connectors.kafka_config import librdkafka_config
-    from connectors.preflight import check_access
+    from connectors.preflight import check_access, require_operation
 
-    check_access(librdkafka_config(config.kafka, bootstrap), topics)
+    client = librdkafka_config(config.kafka, bootstrap)
+    check_access(client, topics)
+    if topics:
+        require_operation(client, topics, "READ")
 
 
 def resolve_bootstrap(config: TidemarkConfig) -> str:

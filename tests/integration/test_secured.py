@@ -33,7 +33,7 @@ from infra.kafka import EmbeddedKafka
 from infra.postgres import EmbeddedPostgres
 from infra.process import free_port_block
 from pipelines.ingest import IngestJob
-from tests.relay_harness import RelaySetup, Writers, assert_relayed_exactly_once
+from tests.relay_harness import AGGREGATES, RelaySetup, Writers, assert_relayed_exactly_once
 from tests.stack_fixtures import secured_kafka
 from tidemark.config import KafkaConnection, KafkaSecurity, TidemarkConfig, parse_config
 from tidemark.errors import KafkaAccessError, PostgresAccessError, ServiceUnavailableError
@@ -225,11 +225,23 @@ def test_a_missing_acl_is_named_and_nothing_is_written(spark: Any, sasl: Embedde
         "pipelines": [{"name": "orders", "topics": [topic], "target": str(tmp_path / "orders"),
                        "schema": "id INT, note STRING"}]}))
     env = {**os.environ, "TIDEMARK_HOME": str(tmp_path / "home")}
-    proc = subprocess.run([sys.executable, "-m", "tidemark.cli", "ingest", "orders", "--config", str(config_path)],
-                          check=False, capture_output=True, text=True, env=env, timeout=120)
-    assert proc.returncode == 77, proc.stderr
-    assert proc.stderr.strip().count("\n") == 0 and "tidemark acls" in proc.stderr, proc.stderr
-    assert not (tmp_path / "orders").exists()
+
+    def ingest() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "tidemark.cli", "ingest", "orders", "--config",
+                               str(config_path)], check=False, capture_output=True, text=True, env=env, timeout=120)
+
+    # Not even Describe; then Describe without Read: each one line, before Spark starts.
+    grants = ingest_grants(parse_config(yaml.safe_load(config_path.read_text())), "User:ingest")
+    for allowed, words in (((), "may not describe topic"), (("DESCRIBE",), "may not read topic")):
+        apply(_client(sasl), [dataclasses.replace(g, operations=allowed) for g in grants if allowed])
+        proc = ingest()
+        assert proc.returncode == 77, proc.stderr
+        assert proc.stderr.strip().count("\n") == 0 and "tidemark acls" in proc.stderr, proc.stderr
+        assert words in proc.stderr and "'ingest'" in proc.stderr, proc.stderr
+        assert not (tmp_path / "orders").exists()
+    apply(_client(sasl), grants)  # granted: every committed record, once
+    assert ingest().returncode == 0
+    assert spark.read.format("delta").load(str(tmp_path / "orders")).count() == 10
 
 
 def test_postgres_refusals_are_named_and_stop_the_relay(pg_tls: EmbeddedPostgres, tmp_path: Path,
@@ -256,3 +268,48 @@ def test_postgres_refusals_are_named_and_stop_the_relay(pg_tls: EmbeddedPostgres
                           env={**os.environ, "TIDEMARK_HOME": str(tmp_path / "home")})
     assert proc.returncode == 77 and "refused the login of user 'postgres'" in proc.stderr, proc.stderr
     assert proc.stderr.strip().count("\n") == 0 and "not-it" not in proc.stdout + proc.stderr
+
+
+
+@pytest.mark.parametrize("missing", ["transactional-id", "topic-create", "topic-write"])
+def test_a_relay_missing_an_acl_is_named_and_loses_nothing(sasl: EmbeddedKafka, postgres_dsn: str,
+                                                             tmp_path: Path, missing: str) -> None:
+    """Without its transactional.id, or without the right to create or to write its event
+    topics, the relay stops within 10 s with one line (exit 77, not "fenced", not a redo
+    loop), commits nothing and deletes no outbox row; granted the ACLs, it relays every
+    event exactly once. (No group ACL exists to miss: every reader assigns its partitions
+    and commits nothing, so the least-privileged runs here and above hold none.)"""
+    setup = RelaySetup.create(tmp_path, postgres_dsn, sasl.bootstrap_servers)
+    body = yaml.safe_load(setup.config.read_text())
+    body["kafka"]["security"] = _security_yaml(sasl.client_security("relay"))
+    setup.config.write_text(yaml.safe_dump(body))
+    grants = relay_grants(parse_config(body), "User:relay")
+    assert not [g for g in grants if g.resource == "GROUP"]
+    events = [g for g in grants if g.resource == "TOPIC" and g.pattern == "PREFIXED"]
+    dropped = [g for g in grants if g.resource == "TRANSACTIONAL_ID"] if missing == "transactional-id" else events
+    assert len(dropped) == 1
+    apply(_client(sasl), [g for g in grants if g not in dropped])
+    if missing == "topic-write":  # they exist, and the relay may see them, not write them
+        apply(_client(sasl), [dataclasses.replace(events[0], operations=("DESCRIBE",))])
+        for aggregate in AGGREGATES:
+            _topic(sasl, f"{setup.prefix}.{aggregate}")
+    writers = Writers(setup, threads=1, pause=0.01, seed=16).start()
+    time.sleep(1)
+    writers.stop()
+    rows = setup.outbox_rows()
+    assert rows > 0
+    started = time.monotonic()
+    proc = subprocess.run(setup.argv("--idle-exit", "3"), check=False, capture_output=True, text=True,
+                          timeout=180, env={**os.environ, "TIDEMARK_HOME": str(tmp_path / "home")})
+    took = time.monotonic() - started
+    message = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ""
+    assert proc.returncode == 77, proc.stdout + proc.stderr
+    assert took < 10 and "an ACL is missing" in message and "tidemark acls" in message, (took, message)
+    assert {"transactional-id": "transactional.id", "topic-create": "cannot create topic",
+            "topic-write": "may not write"}[missing] in message, message
+    secured = dataclasses.replace(setup, client={k: v for k, v in _client(sasl).items() if k != "bootstrap.servers"})
+    assert setup.outbox_rows() == rows and secured.records() == []
+    apply(_client(sasl), dropped)
+    secured.drain()
+    assert assert_relayed_exactly_once(secured, writers.committed, writers.rolled_back)
+    assert setup.outbox_rows() == 0
