@@ -78,11 +78,12 @@ def spark_options(conn: KafkaConnection, bootstrap: str) -> dict[str, str]:
             opts["kafka.ssl.truststore.location"] = str(_readable(sec.ssl_ca_location, "ssl_ca_location"))
         if sec.ssl_certificate_location and sec.ssl_key_location:
             key_password = sec.secret("ssl_key_password", required=False)
-            opts["kafka.ssl.keystore.type"] = "PEM"
-            opts["kafka.ssl.keystore.location"] = str(pem_keystore(
-                _readable(sec.ssl_certificate_location, "ssl_certificate_location"),
-                _readable(sec.ssl_key_location, "ssl_key_location"), key_password))
+            keystore, kind = java_keystore(_readable(sec.ssl_certificate_location, "ssl_certificate_location"),
+                                           _readable(sec.ssl_key_location, "ssl_key_location"), key_password)
+            opts["kafka.ssl.keystore.type"] = kind
+            opts["kafka.ssl.keystore.location"] = str(keystore)
             if key_password is not None:
+                opts["kafka.ssl.keystore.password"] = key_password
                 opts["kafka.ssl.key.password"] = key_password
     return opts
 
@@ -96,36 +97,50 @@ def _readable(path: Path, setting: str) -> Path:
     return full
 
 
-def pem_keystore(certificate: Path, key: Path, password: str | None) -> Path:
-    """One PEM file with the client's private key and certificate chain: the only form the
-    Java client's PEM keystore takes (``ssl.keystore.location``), which also wants the key in
-    PKCS#8. Written once per certificate/key content under ``$TIDEMARK_HOME/run`` (mode 0600),
-    so a rotated certificate gets a new file and the old one is never read again.
+def java_keystore(certificate: Path, key: Path, password: str | None) -> tuple[Path, str]:
+    """The client's private key and certificate chain in a keystore the Java client can open,
+    and its type.
+
+    A key without a password goes into one PEM file of key (PKCS#8, the only form the PEM
+    keystore takes) plus chain. An encrypted key cannot: Java 17 reads an encrypted PKCS#8
+    key only under the old PBES1 schemes, and today's keys (``openssl``, ``cryptography``)
+    use PBES2. So it goes into a PKCS#12 keystore encrypted with the same password (AES-256,
+    which Java's PKCS#12 reads): the key never lies on disk in clear. Written once per
+    certificate/key content under ``$TIDEMARK_HOME/run`` (mode 0600), so a rotated
+    certificate gets a new file and the old one is never read again.
     """
     import hashlib
 
+    from cryptography import x509
     from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.serialization import pkcs12
 
     from tidemark.settings import settings
 
     cert_pem, key_pem = certificate.read_bytes(), key.read_bytes()
-    digest = hashlib.sha256(cert_pem + b"\0" + key_pem).hexdigest()[:16]
-    out = settings().home_dir / "run" / f"kafka-keystore-{digest}.pem"
-    if out.exists():
-        return out
     secret = password.encode() if password is not None else None
+    digest = hashlib.sha256(cert_pem + b"\0" + key_pem).hexdigest()[:16]
+    kind = "PKCS12" if secret else "PEM"
+    out = settings().home_dir / "run" / f"kafka-keystore-{digest}.{'p12' if secret else 'pem'}"
+    if out.exists():
+        return out, kind
     try:
         private = serialization.load_pem_private_key(key_pem, password=secret)
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"kafka.security.ssl_key_location: {key} is not a PEM private key this "
                           f"password opens ({exc}); check the file and ssl_key_password") from None
-    encryption: serialization.KeySerializationEncryption = (
-        serialization.BestAvailableEncryption(secret) if secret else serialization.NoEncryption())
-    pkcs8 = private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption)
+    if secret:
+        chain = x509.load_pem_x509_certificates(cert_pem)
+        body = pkcs12.serialize_key_and_certificates(
+            b"tidemark", private, chain[0], chain[1:] or None,  # type: ignore[arg-type]
+            serialization.BestAvailableEncryption(secret))
+    else:
+        body = private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                     serialization.NoEncryption()) + cert_pem
     out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = out.with_suffix(".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
-        f.write(pkcs8 + cert_pem)
+        f.write(body)
     os.replace(tmp, out)
-    return out
+    return out, kind

@@ -78,9 +78,10 @@ class LocalCA:
         return key, cert
 
     def issue(self, name: str, *, server: bool = False, valid: dt.timedelta = VALIDITY,
-              directory: Path | None = None) -> Pem:
+              directory: Path | None = None, key_password: str | None = None) -> Pem:
         """A certificate with CN ``name`` (and, for a server, SANs for the loopback address
-        and ``localhost``), reused if already issued. ``valid`` may be negative: an expired one."""
+        and ``localhost``), reused if already issued. ``valid`` may be negative: an expired one.
+        ``key_password`` encrypts the key file (PKCS#8), as a careful operator's would be."""
         from cryptography import x509
         from cryptography.hazmat.primitives import hashes, serialization
         from cryptography.hazmat.primitives.asymmetric import ec
@@ -109,7 +110,8 @@ class LocalCA:
                 [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
         cert = builder.sign(ca_key, hashes.SHA256())
         key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                    serialization.NoEncryption())
+                                    serialization.BestAvailableEncryption(key_password.encode()) if key_password
+                                    else serialization.NoEncryption())
         cert_pem = cert.public_bytes(serialization.Encoding.PEM)
         write_private(pem.key, key_pem)
         write_private(pem.certificate, cert_pem)

@@ -313,3 +313,39 @@ def test_a_relay_missing_an_acl_is_named_and_loses_nothing(sasl: EmbeddedKafka, 
     secured.drain()
     assert assert_relayed_exactly_once(secured, writers.committed, writers.rolled_back)
     assert setup.outbox_rows() == 0
+
+
+def test_a_rotated_scram_password_is_read_from_its_file_by_the_next_client(sasl: EmbeddedKafka,
+                                                                           tmp_path: Path) -> None:
+    """The rotation docs/operations.md describes: change the user's SCRAM credential on the
+    cluster, then the secret file; the next client configured from the same settings logs in
+    with the new password, and the old one is refused."""
+    from confluent_kafka.admin import ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
+
+    admin = AdminClient(_client(sasl))
+
+    def set_password(password: str) -> None:
+        upsert = UserScramCredentialUpsertion("rotating", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192),
+                                              password.encode())
+        for future in admin.alter_user_scram_credentials([upsert]).values():
+            future.result(30)
+
+    secret = tmp_path / "rotating.password"
+    set_password("first-password")
+    secret.write_text("first-password\n")
+    settings = sasl.client_security("ingest").model_copy(update={"sasl_username": "rotating",
+                                                                 "sasl_password_file": secret})
+    check_access(librdkafka_config(KafkaConnection(security=settings), sasl.bootstrap_servers))
+    set_password("second-password")
+    secret.write_text("second-password\n")
+    old = settings.model_copy(update={"sasl_password_file": None, "sasl_password": SecretStr("first-password")})
+    deadline = time.monotonic() + 30  # the broker applies a credential change shortly after the controller
+    while True:
+        try:
+            check_access(librdkafka_config(KafkaConnection(security=old), sasl.bootstrap_servers))
+        except KafkaAccessError as refused:
+            assert "refused the login of 'rotating'" in str(refused)
+            break
+        assert time.monotonic() < deadline, "the old password still logs in"
+        time.sleep(1)
+    check_access(librdkafka_config(KafkaConnection(security=settings), sasl.bootstrap_servers))

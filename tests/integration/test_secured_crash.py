@@ -17,6 +17,7 @@ flow runs (parameters, state) and artifacts.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -60,6 +61,71 @@ def _client(cluster: EmbeddedKafka, principal: str) -> dict[str, Any]:
     return conf
 
 
+class _Product:
+    """Runs ``tidemark`` commands of one pipeline as processes, keeping all they print."""
+
+    def __init__(self, p: Pipeline, tmp_path: Path) -> None:
+        self.p, self.tmp = p, tmp_path
+        self.home = tmp_path / "home"
+        self.env = {**process_env(), "TIDEMARK_HOME": str(self.home)}
+        self.outputs: list[str] = []
+
+    def run(self, *argv: str, crash_at: str | None = None, expect: int = 0) -> None:
+        proc = subprocess.run([sys.executable, "-m", "tidemark.cli", *argv],
+                              env={**self.env, **({"TIDEMARK_CRASH_AT": crash_at} if crash_at else {})},
+                              capture_output=True, text=True, timeout=600, check=False)
+        self.outputs.append(proc.stdout + proc.stderr)
+        assert proc.returncode == expect, f"{argv} at {crash_at}: exit {proc.returncode}\n{proc.stderr[-2000:]}"
+
+    def ingest(self, crash_at: str | None = None) -> None:
+        self.run("ingest", "orders", "--config", str(self.p.config), crash_at=crash_at,
+                 expect=-9 if crash_at else 0)
+
+    def follow(self, seconds: float) -> None:
+        log = self.tmp / "follow.log"
+        with log.open("w") as sink:
+            follow = subprocess.Popen([sys.executable, "-m", "tidemark.cli", "ingest", "orders", "--config",
+                                       str(self.p.config), "--follow"], env=self.env, stdout=sink,
+                                      stderr=subprocess.STDOUT)
+            time.sleep(seconds)
+            follow.send_signal(signal.SIGTERM)
+            assert follow.wait(120) == 0, log.read_text()[-2000:]
+        self.outputs.append(log.read_text())
+
+    def the_rest(self, prefect_api: str) -> str:
+        """``check``, ``offsets show``, ``status``, ``backfill`` and a Prefect flow run; the flow run's id."""
+        config = str(self.p.config)
+        self.run("check", "orders", "--config", config)
+        self.run("offsets", "show", "orders", "--config", config)
+        self.run("status", "--config", config)
+        self.run("backfill", "orders", "--into", str(self.tmp / "backfill"), "--batches", "1-2", "--config", config)
+        flow_log = self.tmp / "flow.log"
+        flow = start_flow("ingest_flow", {"pipeline": "orders", "config": config},
+                          {**prefect_env(prefect_api, self.tmp / "prefect-home"), "TIDEMARK_HOME": str(self.home)},
+                          flow_log)
+        flow.wait(600)
+        outcome = flow_outcome(flow_log)
+        assert outcome["type"] == "COMPLETED", outcome
+        self.outputs.append(flow_log.read_text(errors="replace"))
+        return str(outcome["id"])
+
+    def assert_nowhere(self, secret: str, prefect_api: str, flow_run_id: str) -> None:
+        """``secret`` is in none of: the output, every file under ``TIDEMARK_HOME`` (logs, GX Data
+        Docs, keystores), the Delta logs of target, ledger and backfill, the Prefect server's
+        flow run, artifact and logs; yet it is in ``tidemark.yaml``, where the search would find it."""
+        for text in self.outputs:
+            assert secret not in text
+        written = [f for f in self.home.rglob("*") if f.is_file()]
+        for table in (self.p.target, Path(str(self.p.target) + "_tidemark_ledger"), self.tmp / "backfill"):
+            written += [f for f in table.rglob("*") if f.is_file() and "_delta_log" in f.parts]
+        assert any("logs" in f.parts for f in written) and any(f.suffix == ".json" for f in written)
+        for f in written:
+            assert secret.encode() not in f.read_bytes(), f"the secret is in {f}"
+        for what in _prefect_records(prefect_api, flow_run_id):
+            assert secret not in what
+        assert secret in self.p.config.read_text()
+
+
 def test_sigkill_at_every_step_over_sasl_ssl_and_the_password_leaks_nowhere(
         spark: Any, sasl: EmbeddedKafka, prefect_api: str, tmp_path: Path) -> None:
     admin = _client(sasl, "admin")
@@ -74,61 +140,56 @@ def test_sigkill_at_every_step_over_sasl_ssl_and_the_password_leaks_nowhere(
     p = Pipeline.create(spark, sasl.bootstrap_servers, topic, tmp_path, kafka_security=security,
                         max_records_per_batch=2000, transactions={"manifest_topic": None})
     apply({**admin, "bootstrap.servers": sasl.bootstrap_servers}, ingest_grants(load_config(p.config), "User:ingest"))
-    home = tmp_path / "home"
-    env = {**process_env(), "TIDEMARK_HOME": str(home)}
-    outputs: list[str] = []
-
-    def run(*argv: str, crash_at: str | None = None, expect: int = 0) -> None:
-        proc = subprocess.run([sys.executable, "-m", "tidemark.cli", *argv],
-                              env={**env, **({"TIDEMARK_CRASH_AT": crash_at} if crash_at else {})},
-                              capture_output=True, text=True, timeout=600, check=False)
-        outputs.append(proc.stdout + proc.stderr)
-        assert proc.returncode == expect, f"{argv} at {crash_at}: exit {proc.returncode}\n{proc.stderr[-2000:]}"
-
+    product = _Product(p, tmp_path)
     producer = BackgroundProducer(sasl.bootstrap_servers, topic, pause=0.2, client=admin)
     producer.start()
     try:
         for point in CRASH_POINTS:
-            run("ingest", "orders", "--config", str(p.config), crash_at=point, expect=-9)
-            run("ingest", "orders", "--config", str(p.config))
-        log = tmp_path / "follow.log"
-        with log.open("w") as sink:
-            follow = subprocess.Popen([sys.executable, "-m", "tidemark.cli", "ingest", "orders", "--config",
-                                       str(p.config), "--follow"], env=env, stdout=sink, stderr=subprocess.STDOUT)
-            time.sleep(15)
-            follow.send_signal(signal.SIGTERM)
-            assert follow.wait(120) == 0, log.read_text()[-2000:]
-        outputs.append(log.read_text())
+            product.ingest(crash_at=point)
+            product.ingest()
+        product.follow(15)
     finally:
         producer.stop()
-    run("ingest", "orders", "--config", str(p.config))
+    product.ingest()
     assert assert_exactly_once(spark, str(p.target), sasl.bootstrap_servers, [topic], admin) > 0
     assert max(target_commits_per_batch(spark, str(p.target)).values()) == 1
+    flow_run = product.the_rest(prefect_api)
+    product.assert_nowhere(password, prefect_api, flow_run)
 
-    run("check", "orders", "--config", str(p.config))
-    run("offsets", "show", "orders", "--config", str(p.config))
-    run("status", "--config", str(p.config))
-    run("backfill", "orders", "--into", str(tmp_path / "backfill"), "--batches", "1-2", "--config", str(p.config))
-    flow_log = tmp_path / "flow.log"
-    flow = start_flow("ingest_flow", {"pipeline": "orders", "config": str(p.config)},
-                      {**prefect_env(prefect_api, tmp_path / "prefect-home"), "TIDEMARK_HOME": str(home)}, flow_log)
-    flow.wait(600)
-    outcome = flow_outcome(flow_log)
-    assert outcome["type"] == "COMPLETED", outcome
-    outputs.append(flow_log.read_text(errors="replace"))
 
-    # Everywhere the product wrote: no password.
-    for text in outputs:
-        assert password not in text
-    written = [f for f in home.rglob("*") if f.is_file()]
-    for table in (p.target, Path(str(p.target) + "_tidemark_ledger"), tmp_path / "backfill"):
-        written += [f for f in table.rglob("*") if f.is_file() and "_delta_log" in f.parts]
-    assert any("logs" in f.parts for f in written) and any(f.suffix == ".json" for f in written)
-    for f in written:
-        assert password.encode() not in f.read_bytes(), f"the password is in {f}"
-    for what in _prefect_records(prefect_api, outcome["id"]):
-        assert password not in what
-    assert password in p.config.read_text()  # the search would have found it: it is there to find
+def test_the_whole_product_over_mutual_tls_with_an_encrypted_key_that_leaks_nowhere(
+        spark: Any, settings: Settings, prefect_api: str, tmp_path: Path) -> None:
+    """Over mTLS, as ``ingest`` by its certificate, whose key file is encrypted with a password
+    written in clear in ``tidemark.yaml``: ingest (bounded and ``--follow``) under a producer,
+    ``check``, ``offsets show``, ``status``, ``backfill`` and a Prefect flow run; exactly once,
+    and the key's password nowhere (Spark's keystore holds the key encrypted with it, not it)."""
+    with secured_kafka(settings, tmp_path / "kafka", "mtls") as cluster:
+        admin = _client(cluster, "admin")
+        topic = "secured.mtls.product"
+        creator = AdminClient({**admin, "bootstrap.servers": cluster.bootstrap_servers})
+        creator.create_topics([NewTopic(topic, 3, 1)])[topic].result(30)
+        key_password = f"{CANARY}-key-{os.urandom(6).hex()}"
+        pem = cluster.ca.issue("ingest", directory=tmp_path / "client", key_password=key_password)
+        assert b"ENCRYPTED" in pem.key.read_bytes()
+        security = {"protocol": "SSL", "ssl_ca_location": str(cluster.ca.certificate),
+                    "ssl_certificate_location": str(pem.certificate), "ssl_key_location": str(pem.key),
+                    "ssl_key_password": key_password}
+        p = Pipeline.create(spark, cluster.bootstrap_servers, topic, tmp_path, kafka_security=security,
+                            max_records_per_batch=500, transactions={"manifest_topic": None})
+        grants = ingest_grants(load_config(p.config), "User:ingest")
+        apply({**admin, "bootstrap.servers": cluster.bootstrap_servers}, grants)
+        product = _Product(p, tmp_path)
+        producer = BackgroundProducer(cluster.bootstrap_servers, topic, pause=0.2, client=admin)
+        producer.start()
+        try:
+            product.ingest()
+            product.follow(10)
+        finally:
+            producer.stop()
+        product.ingest()
+        assert assert_exactly_once(spark, str(p.target), cluster.bootstrap_servers, [topic], admin) > 0
+        flow_run = product.the_rest(prefect_api)
+        product.assert_nowhere(key_password, prefect_api, flow_run)
 
 
 def _prefect_records(api_url: str, flow_run_id: str) -> list[str]:

@@ -97,3 +97,42 @@ def test_each_component_may_name_its_own_principal(tmp_path: Path) -> None:
     assert principal_of(config.relay.kafka_security, "relay") == "shop-relay"
     assert principal_of(config.pipeline("a").kafka_security, "ingest") == "shop-ingest"
     assert principal_of(config.pipeline("b").kafka_security, "ingest") == "ingest"
+
+
+def test_spark_gets_the_client_key_in_a_keystore_java_17_opens_and_never_in_clear(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Java 17 cannot read a PBES2-encrypted PKCS#8 key (what openssl and cryptography write), so an
+    encrypted key goes into a PKCS#12 keystore under the same password; a plain one into a PEM file."""
+    from cryptography.hazmat.primitives.serialization import pkcs12
+
+    from infra.tls import LocalCA
+    from tidemark.settings import settings
+
+    monkeypatch.setenv("TIDEMARK_HOME", str(tmp_path / "home"))
+    settings.cache_clear()
+    try:
+        ca = LocalCA(tmp_path / "ca")
+        for password in ("s3cret-key", None):
+            pem = ca.issue("ingest", directory=tmp_path / f"client-{password}", key_password=password)
+            sec = KafkaSecurity(protocol="SSL", ssl_certificate_location=pem.certificate, ssl_key_location=pem.key,
+                                ssl_ca_location=ca.certificate, ssl_key_password=password)
+            options = spark_options(KafkaConnection(security=sec), "b:1")
+            store = Path(options["kafka.ssl.keystore.location"])
+            assert store.is_relative_to(tmp_path / "home") and store.stat().st_mode & 0o077 == 0
+            if password:
+                assert options["kafka.ssl.keystore.type"] == "PKCS12"
+                assert options["kafka.ssl.keystore.password"] == options["kafka.ssl.key.password"] == password
+                key, cert, _ = pkcs12.load_key_and_certificates(store.read_bytes(), password.encode())
+                assert key is not None and cert is not None and b"PRIVATE KEY" not in store.read_bytes()
+                with pytest.raises(ValueError):
+                    pkcs12.load_key_and_certificates(store.read_bytes(), b"not-it")
+            else:
+                assert options["kafka.ssl.keystore.type"] == "PEM" and "kafka.ssl.key.password" not in options
+                assert b"BEGIN PRIVATE KEY" in store.read_bytes() and b"BEGIN CERTIFICATE" in store.read_bytes()
+        wrong = KafkaSecurity(protocol="SSL", ssl_certificate_location=pem.certificate,
+                              ssl_key_location=tmp_path / "client-s3cret-key" / "ingest.key",
+                              ssl_key_password="not-it")
+        with pytest.raises(ConfigError, match="ssl_key_password"):
+            spark_options(KafkaConnection(security=wrong), "b:1")
+    finally:
+        settings.cache_clear()
