@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -92,15 +93,18 @@ class _Product:
             assert follow.wait(120) == 0, log.read_text()[-2000:]
         self.outputs.append(log.read_text())
 
-    def the_rest(self, prefect_api: str) -> str:
-        """``check``, ``offsets show``, ``status``, ``backfill`` and a Prefect flow run; the flow run's id."""
+    def the_rest(self) -> None:
+        """``check``, ``offsets show``, ``status`` and ``backfill``."""
         config = str(self.p.config)
         self.run("check", "orders", "--config", config)
         self.run("offsets", "show", "orders", "--config", config)
         self.run("status", "--config", config)
         self.run("backfill", "orders", "--into", str(self.tmp / "backfill"), "--batches", "1-2", "--config", config)
+
+    def flow(self, prefect_api: str) -> str:
+        """One ingest flow run on the Prefect server, in its own process; its id."""
         flow_log = self.tmp / "flow.log"
-        flow = start_flow("ingest_flow", {"pipeline": "orders", "config": config},
+        flow = start_flow("ingest_flow", {"pipeline": "orders", "config": str(self.p.config)},
                           {**prefect_env(prefect_api, self.tmp / "prefect-home"), "TIDEMARK_HOME": str(self.home)},
                           flow_log)
         flow.wait(600)
@@ -108,6 +112,44 @@ class _Product:
         assert outcome["type"] == "COMPLETED", outcome
         self.outputs.append(flow_log.read_text(errors="replace"))
         return str(outcome["id"])
+
+    def serve_until_a_batch(self, prefect_api: str) -> str:
+        """``tidemark serve`` (the config schedules an ingest every few seconds, run in serve's
+        warm driver) until a scheduled run has committed a batch; the id of a completed run."""
+        from prefect import get_client
+        from prefect.client.schemas.filters import (
+            DeploymentFilter,
+            DeploymentFilterName,
+            FlowRunFilter,
+            FlowRunFilterState,
+            FlowRunFilterStateType,
+        )
+        from prefect.client.schemas.objects import StateType
+        from prefect.client.schemas.sorting import FlowRunSort
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        log = self.tmp / "serve.log"
+        with log.open("wb") as out:
+            serve = subprocess.Popen([sys.executable, "-m", "tidemark.cli", "serve", "--config", str(self.p.config)],
+                                     env={**prefect_env(prefect_api, self.tmp / "prefect-home"),
+                                          "TIDEMARK_HOME": str(self.home)}, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 400
+            while not re.search(r"orders: [1-9]\d* batch\(es\)", log.read_text(errors="replace")):
+                assert serve.poll() is None, f"serve exited {serve.returncode}:\n{log.read_text()[-3000:]}"
+                assert time.monotonic() < deadline, f"no served batch:\n{log.read_text()[-3000:]}"
+                time.sleep(0.5)
+        finally:
+            serve.send_signal(signal.SIGTERM)
+            assert serve.wait(120) == 0, log.read_text(errors="replace")[-3000:]
+        self.outputs.append(log.read_text(errors="replace"))
+        with temporary_settings(updates={PREFECT_API_URL: prefect_api}), get_client(sync_client=True) as client:
+            completed = client.read_flow_runs(
+                deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=["ingest-orders"])),
+                sort=FlowRunSort.ID_DESC, limit=10, flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
+                    type=FlowRunFilterStateType(any_=[StateType.COMPLETED]))))
+        assert completed and all(r.auto_scheduled for r in completed)
+        return str(completed[0].id)
 
     def assert_nowhere(self, secret: str, prefect_api: str, flow_run_id: str) -> None:
         """``secret`` is in none of: the output, every file under ``TIDEMARK_HOME`` (logs, GX Data
@@ -153,16 +195,16 @@ def test_sigkill_at_every_step_over_sasl_ssl_and_the_password_leaks_nowhere(
     product.ingest()
     assert assert_exactly_once(spark, str(p.target), sasl.bootstrap_servers, [topic], admin) > 0
     assert max(target_commits_per_batch(spark, str(p.target)).values()) == 1
-    flow_run = product.the_rest(prefect_api)
-    product.assert_nowhere(password, prefect_api, flow_run)
+    product.the_rest()
+    product.assert_nowhere(password, prefect_api, product.flow(prefect_api))
 
 
 def test_the_whole_product_over_mutual_tls_with_an_encrypted_key_that_leaks_nowhere(
         spark: Any, settings: Settings, prefect_api: str, tmp_path: Path) -> None:
     """Over mTLS, as ``ingest`` by its certificate, whose key file is encrypted with a password
-    written in clear in ``tidemark.yaml``: ingest (bounded and ``--follow``) under a producer,
-    ``check``, ``offsets show``, ``status``, ``backfill`` and a Prefect flow run; exactly once,
-    and the key's password nowhere (Spark's keystore holds the key encrypted with it, not it)."""
+    written in clear in ``tidemark.yaml``: ingest (bounded, ``--follow`` and scheduled under
+    ``tidemark serve``) under a producer, ``check``, ``offsets show``, ``status`` and
+    ``backfill``; exactly once, and the key's password nowhere (Spark's keystore holds the key encrypted with it, not it)."""
     with secured_kafka(settings, tmp_path / "kafka", "mtls") as cluster:
         admin = _client(cluster, "admin")
         topic = "secured.mtls.product"
@@ -175,7 +217,9 @@ def test_the_whole_product_over_mutual_tls_with_an_encrypted_key_that_leaks_nowh
                     "ssl_certificate_location": str(pem.certificate), "ssl_key_location": str(pem.key),
                     "ssl_key_password": key_password}
         p = Pipeline.create(spark, cluster.bootstrap_servers, topic, tmp_path, kafka_security=security,
-                            max_records_per_batch=500, transactions={"manifest_topic": None})
+                            max_records_per_batch=500, transactions={"manifest_topic": None},
+                            schedule={"ingest_every_seconds": 5, "audit_every_seconds": None,
+                                      "maintain_every_seconds": None})
         grants = ingest_grants(load_config(p.config), "User:ingest")
         apply({**admin, "bootstrap.servers": cluster.bootstrap_servers}, grants)
         product = _Product(p, tmp_path)
@@ -184,12 +228,13 @@ def test_the_whole_product_over_mutual_tls_with_an_encrypted_key_that_leaks_nowh
         try:
             product.ingest()
             product.follow(10)
+            served = product.serve_until_a_batch(prefect_api)
         finally:
             producer.stop()
         product.ingest()
         assert assert_exactly_once(spark, str(p.target), cluster.bootstrap_servers, [topic], admin) > 0
-        flow_run = product.the_rest(prefect_api)
-        product.assert_nowhere(key_password, prefect_api, flow_run)
+        product.the_rest()
+        product.assert_nowhere(key_password, prefect_api, served)
 
 
 def _prefect_records(api_url: str, flow_run_id: str) -> list[str]:
