@@ -470,7 +470,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     config = load(args.config)
     bootstrap = resolve_bootstrap(config)
-    preflight(config, bootstrap)
+    for p in config.pipelines or [None]:  # each pipeline as its own principal, if it has one
+        preflight(config.for_pipeline(p.name) if p else config, bootstrap, p.topics if p else ())
     quality_dir = settings().home_dir / "quality"
     statuses = [pipeline_status(PipelineContext(config.for_pipeline(p.name), p, bootstrap), quality_dir)
                 for p in config.pipelines]
@@ -531,7 +532,7 @@ def cmd_acls(args: argparse.Namespace) -> int:
     for p in written.pipelines:
         user = args.ingest_principal or principal_of(p.kafka_security or shared, "ingest")
         grants += ingest_grants(config, f"User:{user}", only=p.name)
-    grants = merged(grants)  # pipelines sharing a principal share its group grants
+    grants = merged(grants)  # pipelines sharing a principal and topic share one grant
     bootstrap = resolve_bootstrap(config)
     if not args.apply:
         for g in grants:
