@@ -46,14 +46,19 @@ class PartitionBounds:
 
 
 class KafkaAdmin:
-    """A read_committed consumer used only for metadata and offset look-ups."""
+    """A read_committed consumer used only for metadata and offset look-ups.
 
-    def __init__(self, client_config: Mapping[str, str], *, timeout: float = 15.0) -> None:
+    ``isolation="read_uncommitted"`` makes :meth:`bounds` give the high watermark instead of
+    the LSO: where open transactions' records end.
+    """
+
+    def __init__(self, client_config: Mapping[str, str], *, timeout: float = 15.0,
+                 isolation: str = "read_committed") -> None:
         self.timeout = timeout
         self._consumer = Consumer({
             **client_config,
             "group.id": f"tidemark-admin-{uuid.uuid4().hex[:8]}",
-            "isolation.level": "read_committed",
+            "isolation.level": isolation,
             "enable.auto.commit": False,
         })
 

@@ -39,14 +39,14 @@ class RangeReader:
 
     def __init__(self, client_config: Mapping[str, str], ranges: Iterable[tuple[str, int, int, int]], *,
                  fetch_bytes: int = 64 * 1024 * 1024, partition_fetch_bytes: int = 16 * 1024 * 1024,
-                 stall_timeout: float = 120.0) -> None:
+                 stall_timeout: float = 120.0, isolation: str = "read_committed") -> None:
         self.todo: dict[TP, tuple[int, int]] = {(t, p): (start, end) for t, p, start, end in ranges if end > start}
         self.pending = set(self.todo)
         self.stall_timeout = stall_timeout
         self._consumer = Consumer({
             **client_config,
             "group.id": f"tidemark-ranges-{uuid.uuid4().hex[:12]}",
-            "isolation.level": "read_committed",
+            "isolation.level": isolation,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "enable.partition.eof": True,
@@ -133,8 +133,8 @@ def headed_records(client_config: Mapping[str, str], ranges: Iterable[tuple[str,
 
     ``small``: the ranges are a few records each, so fetch kilobytes, not megabytes.
     """
-    sizes = {"fetch_bytes": 4 * 1024 * 1024, "partition_fetch_bytes": 256 * 1024} if small else {}
-    with RangeReader(client_config, ranges, **sizes) as reader:
+    fetch, partition_fetch = (4 * 1024 * 1024, 256 * 1024) if small else (64 * 1024 * 1024, 16 * 1024 * 1024)
+    with RangeReader(client_config, ranges, fetch_bytes=fetch, partition_fetch_bytes=partition_fetch) as reader:
         for m in reader.records():
             headers = m.headers()
             if headers:

@@ -156,11 +156,15 @@ class IngestJob:
         if known or start == "earliest":
             return {tp: bounds[tp].log_start for tp in partitions}
         if start == "latest":
-            return {tp: bounds[tp].stable_end for tp in partitions}
-        with KafkaAdmin(self.client_config) as admin:
-            found = admin.offsets_for_time(partitions, start.timestamp)
-        # Records that arrived after the snapshot belong to a later batch.
-        return {tp: min(found[tp], bounds[tp].stable_end) for tp in partitions}
+            starts = {tp: bounds[tp].stable_end for tp in partitions}
+        else:
+            with KafkaAdmin(self.client_config) as admin:
+                found = admin.offsets_for_time(partitions, start.timestamp)
+            # Records that arrived after the snapshot belong to a later batch.
+            starts = {tp: min(found[tp], bounds[tp].stable_end) for tp in partitions}
+        if self.pipeline.transactions.atomic:  # no source transaction split by where reading starts
+            starts = transactions.whole_starts(self.client_config, self.pipeline, starts, bounds)
+        return starts
 
     def _sizes(self, ranges: Mapping[TP, tuple[int, int]]) -> Mapping[TP, float]:
         return bytes_per_offset(self.client_config, ranges)

@@ -13,7 +13,7 @@ import sys
 import time
 import uuid
 from collections import defaultdict
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -58,13 +58,26 @@ class SourceTxns:
         for position, (topic, partition) in enumerate(events):
             if position in drop:
                 continue
-            self.n += 1
-            headers = [(H.EVENT_ID, str(uuid.uuid4())), (H.TXID, str(self.txid)), (H.LSN, lsn),
-                       (H.POSITION, str(position)), (H.SIZE, str(len(events))),
-                       (H.TOPIC_COUNTS, json.dumps(dict(sorted(counts.items())), separators=(",", ":")))]
-            value = b"not json" if position in bad else json.dumps({"n": self.n}).encode()
-            self.producer.produce(topic, value=value, key=b"k", partition=partition, headers=headers)
+            value = b"not json" if position in bad else None
+            self.produce(self.producer, events, position, value=value)
         self.producer.commit_transaction(30)
+        return f"{lsn}/{self.txid}"
+
+    def produce(self, producer: Producer, events: list[tuple[str, int]], position: int, *,
+                value: bytes | None = None, timestamp: int = 0) -> str:
+        """Event ``position`` of the current transaction (``self.txid``) through ``producer``,
+        whose Kafka transaction is the caller's; returns the source transaction's id."""
+        lsn = f"0/{self.txid:X}"
+        counts: dict[str, int] = defaultdict(int)
+        for topic, _ in events:
+            counts[topic] += 1
+        self.n += 1
+        headers = [(H.EVENT_ID, str(uuid.uuid4())), (H.TXID, str(self.txid)), (H.LSN, lsn),
+                   (H.POSITION, str(position)), (H.SIZE, str(len(events))),
+                   (H.TOPIC_COUNTS, json.dumps(dict(sorted(counts.items())), separators=(",", ":")))]
+        topic, partition = events[position]
+        producer.produce(topic, value=value or json.dumps({"n": self.n}).encode(), key=b"k", partition=partition,
+                         headers=headers, timestamp=timestamp)
         return f"{lsn}/{self.txid}"
 
 
@@ -438,3 +451,57 @@ def test_crashes_around_a_revision_replay_it_exactly(  # type: ignore[no-untyped
     assert stored is not None and stored.txns == 3 and stored.held == 1
     assert {t: n for t, (n, _, _) in _txns(spark, pipeline.target).items()} == written
     assert held not in _txns(spark, pipeline.target)
+
+
+def test_a_source_transaction_across_the_first_starts_lands_whole_without_a_wait(
+        spark, kafka_bootstrap: str, topic_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """``start: latest`` takes each partition's LSO, and a Kafka commit reaches partitions one at
+    a time: a source transaction committed in a[1] but still open in a[0] lies across the
+    starts. The first batch's start in a[1] moves back to its first event, so it lands whole
+    as soon as a[0] commits, instead of waiting out incomplete_timeout (an hour here)."""
+    a = topic_factory("g3start", partitions=2)
+    src = SourceTxns(kafka_bootstrap)
+    src.write([(a, 0), (a, 1)])  # wholly before the start: never read
+    src.txid += 1
+    events = [(a, 0), (a, 1)]
+    open_part, committed_part = transactional_producer(kafka_bootstrap), transactional_producer(kafka_bootstrap)
+    open_part.begin_transaction()
+    across = src.produce(open_part, events, 0)
+    open_part.flush(30)
+    committed_part.begin_transaction()
+    src.produce(committed_part, events, 1)
+    committed_part.commit_transaction(30)
+    config = _config(kafka_bootstrap, tmp_path, [a], start="latest",
+                     transactions={"incomplete_timeout_seconds": 3600})
+    pipeline = config.pipelines[0]
+    IngestJob(spark, config, pipeline, kafka_bootstrap).run_bounded()
+    open_part.commit_transaction(30)
+    after = src.write([(a, 1), (a, 0)])
+    IngestJob(spark, config, pipeline, kafka_bootstrap).run_bounded()
+    assert _txns(spark, pipeline.target) == {across: (2, 2, False), after: (2, 2, False)}
+
+
+def test_a_start_timestamp_between_a_transactions_events_takes_it_whole(
+        spark, kafka_bootstrap: str, topic_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Events of one transaction carry different timestamps: a start timestamp between them
+    moves the start of the partition with the earlier one back, so it lands whole, at once."""
+    a = topic_factory("g3stamp", partitions=2)
+    src = SourceTxns(kafka_bootstrap)
+    # Ahead of the clock: commit markers carry the time they are written, and must fall before the start.
+    now = int(time.time() * 1000) + 20 * 60_000
+    placed: dict[str, str] = {}
+    for name, stamps in (("before", (now - 120_000, now - 120_000)), ("across", (now - 60_000, now + 60_000)),
+                         ("after", (now + 120_000, now + 120_000))):
+        src.txid += 1
+        events = [(a, 1), (a, 0)]
+        src.producer.begin_transaction()
+        for position, stamp in enumerate(stamps):
+            txn = src.produce(src.producer, events, position, timestamp=stamp)
+        src.producer.commit_transaction(30)
+        placed[name] = txn
+    start = datetime.fromtimestamp(now / 1000, UTC).isoformat()
+    config = _config(kafka_bootstrap, tmp_path, [a], start={"timestamp": start},
+                     transactions={"incomplete_timeout_seconds": 3600})
+    pipeline = config.pipelines[0]
+    IngestJob(spark, config, pipeline, kafka_bootstrap).run_bounded()
+    assert _txns(spark, pipeline.target) == {placed["across"]: (2, 2, False), placed["after"]: (2, 2, False)}
