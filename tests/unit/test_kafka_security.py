@@ -136,3 +136,15 @@ def test_spark_gets_the_client_key_in_a_keystore_java_17_opens_and_never_in_clea
             spark_options(KafkaConnection(security=wrong), "b:1")
     finally:
         settings.cache_clear()
+
+
+def test_the_readers_group_id_is_stable_per_options_and_says_nothing_of_the_credentials() -> None:
+    """Spark pools consumers by group id: one id per set of options (so a batch reuses the last
+    batch's consumers), a new one when a credential changes (so none keeps an old password)."""
+    from pipelines.transform import reader_group
+
+    old = spark_options(KafkaConnection(security=_sasl(sasl_password="old-secret")), "b:1")
+    new = spark_options(KafkaConnection(security=_sasl(sasl_password="new-secret")), "b:1")
+    assert reader_group(old) == reader_group(dict(reversed(list(old.items()))))
+    assert reader_group(old) != reader_group(new)
+    assert "secret" not in reader_group(old) and reader_group(old).startswith("tidemark-read-")
