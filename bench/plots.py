@@ -131,8 +131,15 @@ def serve(data: dict[str, Any]) -> Figure:
                     {mode: m["seconds_before_fetching"][:runs] for mode, m in modes.items()}, "seconds")
 
 
+def reader_reuse(data: dict[str, Any]) -> Figure:
+    seconds = data["seconds_per_batch"]
+    return _grouped(f"Seconds per {data['batch']:,}-record batch (stable/fresh group id "
+                    f"{data['ratio_stable_vs_fresh_time']:.2f}×)", list(seconds), {"median": list(seconds.values())},
+                    "seconds")
+
+
 CHARTS: dict[str, Callable[[dict[str, Any]], Figure]] = {
-    "ingest_bench": ingest, "serve_bench": serve, "history_properties": history_properties,
+    "reader_reuse_bench": reader_reuse, "ingest_bench": ingest, "serve_bench": serve, "history_properties": history_properties,
     "relay_bench": relay, "g3_bench": g3, "freshness_bench": freshness, "position_bench": position,
     "status_bench": status, "history_bench": history, "history_day": history_day,
 }

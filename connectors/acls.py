@@ -4,9 +4,12 @@ Derived from ``tidemark.yaml`` so they follow the config: the relay's event topi
 prefix for a ``{aggregatetype}`` template), its offsets and manifest topics and its
 ``transactional.id``; each pipeline's topics and the manifest it reads. ``tidemark acls``
 prints them as ``kafka-acls`` commands, or creates them with ``--apply`` (as a principal
-allowed to alter ACLs). No consumer group is granted: every reader, Tidemark's and Spark's,
-assigns its partitions and commits nothing, so none ever asks a group coordinator (the
-least-privileged runs of ``tests/integration/test_secured.py`` hold no group ACL).
+allowed to alter ACLs). Every reader, Tidemark's and Spark's, assigns its partitions and
+commits nothing, under a group id starting ``tidemark-``. With the pinned librdkafka and
+Kafka client they ran without any group ACL (tests/integration/test_secured.py, relay and
+ingest), but librdkafka versions have looked up the coordinator of an assign-only
+consumer's group, which needs Read (Describe) on it: one prefixed group grant per
+component keeps an upgrade from turning into an outage.
 """
 
 from __future__ import annotations
@@ -21,20 +24,23 @@ from tidemark.errors import ConfigError, KafkaAccessError
 
 _PRODUCE = ("WRITE", "DESCRIBE", "CREATE", "DESCRIBE_CONFIGS")
 
+#: What every group id of Tidemark's readers starts with (librdkafka's and Spark's alike).
+READER_GROUPS = "tidemark-"
+
 
 @dataclass(frozen=True)
 class Grant:
     principal: str
     """``User:<name>``."""
     resource: str
-    """TOPIC or TRANSACTIONAL_ID."""
+    """TOPIC, GROUP or TRANSACTIONAL_ID."""
     name: str
     pattern: str
     """LITERAL or PREFIXED."""
     operations: tuple[str, ...]
 
     def command(self, bootstrap: str = "BROKER:9093") -> str:
-        flag = {"TOPIC": "--topic", "TRANSACTIONAL_ID": "--transactional-id"}[self.resource]
+        flag = {"TOPIC": "--topic", "GROUP": "--group", "TRANSACTIONAL_ID": "--transactional-id"}[self.resource]
         ops = " ".join("--operation " + "".join(w.capitalize() for w in o.split("_")) for o in self.operations)
         return (f"kafka-acls.sh --bootstrap-server {bootstrap} --command-config admin.properties --add "
                 f"--allow-principal {self.principal} {ops} {flag} '{self.name}' "
@@ -45,7 +51,8 @@ def relay_grants(config: TidemarkConfig, principal: str) -> list[Grant]:
     relay = config.relay
     grants = [Grant(principal, "TOPIC", relay.offsets_topic, "LITERAL", ("READ", *_PRODUCE)),
               Grant(principal, "TOPIC", relay.manifest_topic, "LITERAL", _PRODUCE),
-              Grant(principal, "TRANSACTIONAL_ID", relay.transactional_id, "LITERAL", ("WRITE", "DESCRIBE"))]
+              Grant(principal, "TRANSACTIONAL_ID", relay.transactional_id, "LITERAL", ("WRITE", "DESCRIBE")),
+              Grant(principal, "GROUP", READER_GROUPS, "PREFIXED", ("READ",))]
     head, placeholder, _ = relay.topic.partition("{aggregatetype}")
     if placeholder and not head:
         raise ConfigError("relay.topic starts with {aggregatetype}: no ACL prefix can cover it; give the topics "
@@ -96,6 +103,7 @@ def ingest_grants(config: TidemarkConfig, principal: str, only: str | None = Non
             grants.append(Grant(principal, "TOPIC", _pattern_prefix(p), "PREFIXED", ("READ", "DESCRIBE")))
         if p.transactions.manifest_topic:
             grants.append(Grant(principal, "TOPIC", p.transactions.manifest_topic, "LITERAL", ("READ", "DESCRIBE")))
+    grants.append(Grant(principal, "GROUP", READER_GROUPS, "PREFIXED", ("READ",)))
     return merged(grants)
 
 

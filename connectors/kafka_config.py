@@ -130,7 +130,11 @@ def java_keystore(certificate: Path, key: Path, password: str | None) -> tuple[P
         raise ConfigError(f"kafka.security.ssl_key_location: {key} is not a PEM private key this "
                           f"password opens ({exc}); check the file and ssl_key_password") from None
     if secret:
-        chain = x509.load_pem_x509_certificates(cert_pem)
+        try:
+            chain = x509.load_pem_x509_certificates(cert_pem)
+        except ValueError as exc:
+            raise ConfigError(f"kafka.security.ssl_certificate_location: {certificate} holds no PEM certificate "
+                              f"({exc}); fix the path in tidemark.yaml") from None
         body = pkcs12.serialize_key_and_certificates(
             b"tidemark", private, chain[0], chain[1:] or None,  # type: ignore[arg-type]
             serialization.BestAvailableEncryption(secret))
@@ -138,7 +142,7 @@ def java_keystore(certificate: Path, key: Path, password: str | None) -> tuple[P
         body = private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                      serialization.NoEncryption()) + cert_pem
     out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = out.with_suffix(".tmp")
+    tmp = out.with_suffix(f".{os.getpid()}-{os.urandom(4).hex()}.tmp")  # two processes may write it at once
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(body)

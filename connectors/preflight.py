@@ -82,6 +82,21 @@ def require_operation(client_config: Mapping[str, Any], topics: Iterable[str], o
                 "\"Secured cluster\")")
 
 
+def group_refused(err: Any, client_config: Mapping[str, Any]) -> KafkaAccessError | None:
+    """The error to stop with if a consumer's ``err`` is its group's authorization failure.
+
+    librdkafka looks up the coordinator of a consumer's group even when the consumer only
+    assigns partitions, and hands a refusal to the next ``consume()`` as an error record.
+    """
+    from confluent_kafka import KafkaError
+
+    if err.code() != KafkaError.GROUP_AUTHORIZATION_FAILED:
+        return None
+    return KafkaAccessError(
+        f"Kafka principal {_who(client_config)} may not use consumer groups starting 'tidemark-' (Read on the "
+        "group, prefixed): an ACL is missing. Grant it the ACLs `tidemark acls` prints for this config")
+
+
 def _who(conf: Mapping[str, Any]) -> str:
     if conf.get("sasl.username"):
         return repr(conf["sasl.username"])

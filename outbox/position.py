@@ -30,6 +30,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from connectors.preflight import group_refused
 from outbox.pgoutput import format_lsn
 from tidemark.errors import ServiceUnavailableError, TransientError
 
@@ -114,7 +115,7 @@ def read_position(client_config: Mapping[str, Any], topic: str, relay_id: str, *
         deadline = time.monotonic() + wait
         while end > low:
             start = max(int(low), end - span)
-            found = _newest(reader, topic, partition, start, end, key, deadline)
+            found = _newest(reader, topic, partition, start, end, key, deadline, client_config)
             if found is not None:
                 return Position.from_json(found)
             end, span = start, span * 8
@@ -124,7 +125,7 @@ def read_position(client_config: Mapping[str, Any], topic: str, relay_id: str, *
 
 
 def _newest(reader: Consumer, topic: str, partition: int, start: int, end: int, key: bytes,
-            deadline: float) -> bytes | None:
+            deadline: float, config: Mapping[str, Any]) -> bytes | None:
     """The value of the last committed record with ``key`` in ``[start, end)``, waiting for open transactions below ``end``."""
     tp = TopicPartition(topic, partition, start)
     reader.assign([tp])
@@ -135,6 +136,9 @@ def _newest(reader: Consumer, topic: str, partition: int, start: int, end: int, 
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
                     continue
+                refused = group_refused(err, config)
+                if refused is not None:
+                    raise refused
                 raise ServiceUnavailableError(f"reading offsets topic {topic}[{partition}]: {err.str()}")
             if (m.offset() or 0) < end and m.key() == key and m.value():
                 newest = m.value()

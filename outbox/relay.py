@@ -490,8 +490,12 @@ class Relay:
             _crash_point("produced")
             p.flush(self.config.transaction_timeout_ms / 1000)
             if group.failed:  # a missing ACL no redo can mend? (librdkafka reports only "purged" then)
-                require_operation(self.client_config, sorted({f.split(": ", 1)[0] for f in group.failed}), "WRITE",
-                                  role="the relay's")
+                try:
+                    require_operation(self.client_config, sorted({f.split(": ", 1)[0] for f in group.failed}),
+                                      "WRITE", role="the relay's")
+                except KafkaAccessError:
+                    p.abort(10)  # now, not at the transaction's timeout: its partitions' LSOs move on
+                    raise
                 raise TransactionAbortedError(f"{len(group.failed)} event(s) not delivered, e.g. {group.failed[0]}")
             try:
                 resolved = iter(placement.resolve(group.offsets))

@@ -22,6 +22,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from connectors.admin import PartitionBounds
+from connectors.preflight import group_refused
 from offsets.cut import (
     Listed,
     ListedBlock,
@@ -349,7 +350,7 @@ def search(client_config: Mapping[str, str], pipeline: PipelineConfig, regions: 
     return {txn: frozenset(p) for txn, p in found.items()}
 
 
-#: Records read on each side of a pipeline's first starts for source transactions they would split.
+#: Offsets read on each side of a pipeline's first starts for source transactions they would split.
 STRADDLE_WINDOW = 5_000
 
 
@@ -364,8 +365,8 @@ def whole_starts(client_config: Mapping[str, str], pipeline: PipelineConfig, sta
     falls between a transaction's events in different partitions. The part below the
     starts would never be read, and G3 would hold the rest for
     ``transactions.incomplete_timeout_seconds`` before releasing it torn. So the ``window``
-    records above each start (open transactions' too: read uncommitted, up to the high
-    watermark) name the transactions there, and the ``window`` records below each start
+    offsets above each start (open transactions' too: read uncommitted, up to the high
+    watermark) name the transactions there, and the ``window`` offsets below each start
     (committed) show which of them started earlier; each such start moves back to the
     transaction's first event (:func:`pulled_back`). Nothing is written before the first
     batch records the starts, so moving them is free.
@@ -713,6 +714,9 @@ def read_manifest(client_config: Mapping[str, str], pipeline: PipelineConfig, in
         while position < high:
             for m in reader.consume(num_messages=500, timeout=0.1):
                 if m.error() is not None:
+                    refused = group_refused(m.error(), client_config)
+                    if refused is not None:
+                        raise refused  # a missing ACL, not a manifest to do without
                     if m.error().code() != KafkaError._PARTITION_EOF:
                         return None
                     continue

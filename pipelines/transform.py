@@ -77,13 +77,18 @@ def reader_group(kafka_options: dict[str, str]) -> str:
     authenticate, fetch metadata), 0.15-0.3 s of a follower's small batch (2.5x the read
     itself, docs/benchmarks.md). A stable id lets a batch reuse the consumers the last one
     left. No group is ever joined or committed to (the reads assign their partitions), so
-    readers sharing it do not interfere, and no ACL is needed for it. The pool knows a
-    consumer only by that id, so the id is an HMAC of all the options, credentials
-    included: a changed password or certificate gets new consumers, and the id, keyed by
-    a random key of this process, says nothing of them.
+    readers sharing it do not interfere. The pool knows a consumer only by that id, so
+    the id is an HMAC of all the options, credentials included, and of the files they
+    name (CA, keystore): a changed password, or a certificate replaced even in place,
+    gets new consumers; and the id, keyed by a random key of this process, says nothing
+    of them.
     """
-    body = json.dumps(sorted(kafka_options.items())).encode()
-    return "tidemark-read-" + hmac.new(_GROUP_KEY, body, hashlib.sha256).hexdigest()[:20]
+    mac = hmac.new(_GROUP_KEY, json.dumps(sorted(kafka_options.items())).encode(), hashlib.sha256)
+    for key, value in sorted(kafka_options.items()):  # a CA or keystore replaced in place counts as a change
+        if key.endswith(".location") and os.path.isfile(value):
+            with open(value, "rb") as f:
+                mac.update(f.read())
+    return "tidemark-read-" + mac.hexdigest()[:20]
 
 
 def read_ranges(spark: SparkSession, kafka_options: dict[str, str], intent: Intent) -> DataFrame:

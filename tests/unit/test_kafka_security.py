@@ -148,3 +148,14 @@ def test_the_readers_group_id_is_stable_per_options_and_says_nothing_of_the_cred
     assert reader_group(old) == reader_group(dict(reversed(list(old.items()))))
     assert reader_group(old) != reader_group(new)
     assert "secret" not in reader_group(old) and reader_group(old).startswith("tidemark-read-")
+
+
+def test_a_refused_consumer_group_is_named_and_other_errors_are_not() -> None:
+    from confluent_kafka import KafkaError
+
+    from connectors.preflight import group_refused
+
+    refused = group_refused(KafkaError(KafkaError.GROUP_AUTHORIZATION_FAILED), {"sasl.username": "relay"})
+    assert refused is not None and "'relay'" in str(refused) and "tidemark acls" in str(refused)
+    assert refused.exit_code == 77
+    assert group_refused(KafkaError(KafkaError._PARTITION_EOF), {}) is None
