@@ -479,6 +479,7 @@ def test_a_source_transaction_across_the_first_starts_lands_whole_without_a_wait
     after = src.write([(a, 1), (a, 0)])
     IngestJob(spark, config, pipeline, kafka_bootstrap).run_bounded()
     assert _txns(spark, pipeline.target) == {across: (2, 2, False), after: (2, 2, False)}
+    _assert_every_version_whole(spark, pipeline.target)
 
 
 def test_a_start_timestamp_between_a_transactions_events_takes_it_whole(
@@ -505,3 +506,13 @@ def test_a_start_timestamp_between_a_transactions_events_takes_it_whole(
     pipeline = config.pipelines[0]
     IngestJob(spark, config, pipeline, kafka_bootstrap).run_bounded()
     assert _txns(spark, pipeline.target) == {placed["across"]: (2, 2, False), placed["after"]: (2, 2, False)}
+    _assert_every_version_whole(spark, pipeline.target)
+
+
+def _assert_every_version_whole(spark: Any, target: str) -> None:
+    """Each Delta version of ``target``, read back as of itself, holds whole source transactions only."""
+    versions = _versions(spark, target)
+    assert versions
+    for version in versions:
+        assert all(rows == expected and not released
+                   for rows, expected, released in _txns(spark, target, version).values()), version
