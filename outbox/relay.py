@@ -494,7 +494,10 @@ class Relay:
                     require_operation(self.client_config, sorted({f.split(": ", 1)[0] for f in group.failed}),
                                       "WRITE", role="the relay's")
                 except KafkaAccessError:
-                    p.abort(10)  # now, not at the transaction's timeout: its partitions' LSOs move on
+                    try:  # now, not at the transaction's timeout, where the instance still can
+                        p.abort(10)
+                    except Exception as exc:  # noqa: BLE001 - a refused write may leave it fatal: the ACL is the news
+                        log.debug("aborting after a refused write: %s", exc)
                     raise
                 raise TransactionAbortedError(f"{len(group.failed)} event(s) not delivered, e.g. {group.failed[0]}")
             try:
