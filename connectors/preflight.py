@@ -17,6 +17,10 @@ from typing import Any
 
 from tidemark.errors import KafkaAccessError, PostgresAccessError, ServiceUnavailableError
 
+#: What every refusal tells the operator to do: one wording, one place.
+GRANT_HINT = ("an ACL is missing. Grant it the ACLs `tidemark acls` prints for this config "
+              "(docs/operations.md, \"Secured cluster\")")
+
 #: Seconds the metadata request may take: the issue's "within 10 s", with room to print.
 PREFLIGHT_SECONDS = 8.0
 
@@ -48,8 +52,7 @@ def check_access(client_config: Mapping[str, Any], topics: Iterable[str] = (), *
         if found is not None and found.error is not None and found.error.code() == \
                 KafkaError.TOPIC_AUTHORIZATION_FAILED:
             raise KafkaAccessError(
-                f"Kafka principal {_who(client_config)} may not describe topic {topic!r}: an ACL is missing. "
-                "Grant it the ACLs `tidemark acls` prints for this config (docs/operations.md, \"Secured cluster\")")
+                f"Kafka principal {_who(client_config)} may not describe topic {topic!r}: {GRANT_HINT}")
 
 
 def require_operation(client_config: Mapping[str, Any], topics: Iterable[str], operation: str, *,
@@ -77,9 +80,7 @@ def require_operation(client_config: Mapping[str, Any], topics: Iterable[str], o
             allowed = []
         if allowed is not None and wanted not in allowed and AclOperation.ALL not in allowed:
             raise KafkaAccessError(
-                f"{role} Kafka principal {_who(client_config)} may not {operation.lower()} topic {topic!r}: an ACL "
-                "is missing. Grant it the ACLs `tidemark acls` prints for this config (docs/operations.md, "
-                "\"Secured cluster\")")
+                f"{role} Kafka principal {_who(client_config)} may not {operation.lower()} topic {topic!r}: {GRANT_HINT}")
 
 
 def group_refused(err: Any, client_config: Mapping[str, Any]) -> KafkaAccessError | None:
@@ -94,7 +95,7 @@ def group_refused(err: Any, client_config: Mapping[str, Any]) -> KafkaAccessErro
         return None
     return KafkaAccessError(
         f"Kafka principal {_who(client_config)} may not use consumer groups starting 'tidemark-' (Read on the "
-        "group, prefixed): an ACL is missing. Grant it the ACLs `tidemark acls` prints for this config")
+        f"group, prefixed): {GRANT_HINT}")
 
 
 def _who(conf: Mapping[str, Any]) -> str:

@@ -44,6 +44,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from connectors.preflight import GRANT_HINT
 from tidemark.errors import KafkaAccessError, TerminalError, TransientError
 
 log = logging.getLogger(__name__)
@@ -101,8 +102,7 @@ def _refused(err: KafkaError, what: str, transactional_id: str) -> KafkaAccessEr
     topic = what.removeprefix("producing to ") if what.startswith("producing to ") else "a topic of this transaction"
     denied = _REFUSED[err.code()].format(tid=transactional_id, what=topic)
     return KafkaAccessError(
-        f"{what}: this Kafka principal {denied}: an ACL is missing ({err.name()}). Grant it the ACLs "
-        "`tidemark acls` prints for this config (docs/operations.md, \"Secured cluster\")")
+        f"{what}: this Kafka principal {denied} ({err.name()}): {GRANT_HINT}")
 
 
 class TransactionalProducer:

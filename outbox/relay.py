@@ -70,7 +70,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
-from connectors.preflight import postgres_refusal, require_operation
+from connectors.preflight import GRANT_HINT, postgres_refusal, require_operation
 from connectors.producer import (
     CommitOutcomeUnknownError,
     KafkaUnavailableError,
@@ -272,8 +272,7 @@ class Relay:
                     if "AUTHORIZATION_FAILED" in str(exc):
                         raise KafkaAccessError(
                             f"cannot create topic {topic}: the relay's Kafka principal may neither see (Describe) "
-                            "nor create it: an ACL is missing. Grant the ACLs `tidemark acls` prints for this config"
-                        ) from None
+                            f"nor create it: {GRANT_HINT}") from None
                     raise TerminalError(f"cannot create topic {topic}: {exc}; create it or grant CreateTopics")
         resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in sorted(missing)]
         for resource, future in admin.describe_configs(resources).items():
