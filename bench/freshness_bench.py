@@ -197,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dsn", help="use this PostgreSQL instead of a fresh embedded server")
     report_arguments(parser)
     parser.add_argument("--svg", help="write a bar chart of p99 seconds to this SVG file")
+    parser.add_argument("--only", choices=["tidemark", "structured-streaming"],
+                        help="measure one contender (to study it; a comparison needs both in one run)")
     parser.add_argument("--structured-streaming-child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.structured_streaming_child:
@@ -210,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
 
     load_before = loadavg()
     work = Path(tempfile.mkdtemp(prefix="tidemark-freshness-"))
+    print(f"logs in {work}", flush=True)
     run = uuid.uuid4().hex[:6]
     results: dict[str, dict[str, float]] = {}
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
@@ -238,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
             for future in admin.create_topics([NewTopic(t, 3, 1) for t in topics]).values():
                 future.result(30)
             contenders = {
-                "tidemark": (lambda: subprocess.Popen([*cli, "ingest", "fresh", "--follow", "--config", str(config)],
+                "tidemark": (lambda: subprocess.Popen([*cli, "-v", "ingest", "fresh", "--follow", "--config", str(config)],
                                                       stdout=logs["tidemark"], stderr=logs["tidemark"], env=env,
                                                       start_new_session=True), work / "tidemark", "_tidemark_event_id"),
                 "structured-streaming": (lambda: subprocess.Popen(
@@ -248,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
                     start_new_session=True), work / "ss", "event_id"),
             }
             for name, (start, table, column) in contenders.items():
+                if args.only and name != args.only:
+                    continue
                 results[name], _ = measure(name, start, table, column, dsn, relay.table, args.rate, args.warmup,
                                            args.seconds)
                 print(f"{name}: {results[name]}", flush=True)
@@ -269,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     emit_json({"benchmark": "freshness_bench", "rate": args.rate, "seconds": args.seconds, "warmup": args.warmup,
                "contenders": results, "load_after": loadavg(),
                "p99_ratio_tidemark_vs_structured_streaming":
-                   results["tidemark"]["p99"] / results["structured-streaming"]["p99"]}, args.json, png=args.png)
+                   results["tidemark"]["p99"] / results["structured-streaming"]["p99"] if len(results) == 2 else None},
+              args.json, png=args.png)
     if args.svg:
         bars_svg(args.svg, f"Freshness p99 at {args.rate:,} events/s (commit to visible in Delta)",
                  {name: r["p99"] for name, r in results.items()}, "s")

@@ -52,7 +52,10 @@ ledger; docs/design.md has the table of every crash point between them):
    passed since its newest (:func:`offsets.tables.checkpoint_if_due`; Spark's own, in
    the commit, seconds long, comes at a 100 times longer interval). A failure only logs:
    the batch is committed, and Spark still checkpoints at its interval. A crash here
-   leaves the batch settled; the next batch checkpoints instead.
+   leaves the batch settled; the next batch checkpoints instead. Where the session
+   outlives the batch (``--follow``, ``serve``), the target's new snapshot state is then
+   computed on a thread (:func:`offsets.tables.warm_snapshot`), so the next batch's
+   ``txnAppId`` check in step 4 finds it ready instead of rebuilding it.
 
 Only public APIs are used: delta-spark's ``txnAppId``/``txnVersion``/``userMetadata``
 writer options and ``DeltaTable.history``, and delta-rs's ``transaction_version`` to
@@ -70,6 +73,7 @@ import logging
 import os
 import re
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -80,7 +84,7 @@ from typing import TYPE_CHECKING
 from connectors.admin import PartitionBounds
 from offsets.ledger import TP, Intent, Ledger, LedgerMismatchError, now_utc, recent_commits
 from offsets.planner import plan_ranges
-from offsets.tables import checkpoint_if_due, read_small_file, txn_version, write_small_file
+from offsets.tables import checkpoint_if_due, read_small_file, txn_version, warm_snapshot, write_small_file
 from tidemark.errors import TerminalError, TransientError
 
 log = logging.getLogger(__name__)
@@ -259,6 +263,10 @@ class CommitProtocol:
         self.settled_marker = f"{ledger.rstrip('/')}/_tidemark_settled/{pipeline}.json"
         self.on_step: Callable[[str], None] | None = None
         """Told each named step as it is reached (the crash points' names): timing, never control."""
+        self.keep_warm = False
+        """The session outlives this batch (``--follow``, ``serve``): after step 6, compute the
+        target's new snapshot state on a thread, off the next batch's commit path."""
+        self._warming: threading.Thread | None = None
 
     def _reached(self, step: str) -> None:
         if self.on_step is not None:
@@ -565,7 +573,28 @@ class CommitProtocol:
         self._mark_settled(result.intent)
         self._reached("quarantined")
         self._checkpoint(result)                                               # step 6
+        self._warm()
         return result
+
+    def _warm(self) -> None:
+        """After step 6: the target's snapshot state for the next append (:func:`offsets.tables.warm_snapshot`).
+
+        Housekeeping, like step 6, and read-only: a failure only logs, a crash loses nothing.
+        One at a time; the next append's ``txnAppId`` check waits for a computation in flight
+        (a Scala lazy value) instead of running its own.
+        """
+        if not self.keep_warm or (self._warming is not None and self._warming.is_alive()):
+            return
+
+        def warm() -> None:
+            try:
+                version = warm_snapshot(self.spark, self.target)
+                log.debug("warmed %s's snapshot at version %d", self.target, version)
+            except Exception as exc:  # noqa: BLE001 - the next append computes it instead
+                log.debug("warming %s's snapshot failed (%s); the next append computes it", self.target, exc)
+
+        self._warming = threading.Thread(target=warm, daemon=True, name=f"warm-{self.pipeline}")
+        self._warming.start()
 
     def _checkpoint(self, result: BatchResult) -> None:
         """Step 6: checkpoint each table ``result``'s batch committed to, when due."""

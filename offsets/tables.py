@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -110,6 +110,28 @@ def checkpoint_if_due(path: str, every: int) -> int | None:
         return None
     table.create_checkpoint()
     return version
+
+
+def warm_snapshot(spark: SparkSession, path: str) -> int:
+    """Compute the state of the newest snapshot of the Delta table at ``path`` in this session;
+    its version.
+
+    Why: delta-spark answers an append's ``txnAppId`` check from the snapshot's full state
+    (``Snapshot.transactions``), which Spark rebuilds from the checkpoint and the newer
+    commits in three small jobs, and every commit or checkpoint installs a new snapshot
+    with none computed. Inside step 4 that took 0.3-1.1 s of a 1.2-2.0 s follower batch
+    of 4,000 rows (docs/benchmarks.md). Computed here after step 6, on the snapshot the
+    session's cached ``DeltaLog`` holds, the next append's ``update()`` finds the same
+    snapshot (nothing new in the log) with its state ready; if another writer committed
+    meanwhile, the append builds a new one as it always did. Read-only: no effect on the
+    table, safe to lose at any instant.
+    """
+    jvm: Any = spark._jvm
+    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+    none = jvm.scala.Option.empty()
+    snapshot = delta_log.update(False, none, none)
+    snapshot.transactions()
+    return int(snapshot.version())
 
 
 def maintenance_marker(ledger_path: str, pipeline: str) -> str:

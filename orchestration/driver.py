@@ -211,7 +211,9 @@ class DriverService:
             sc = spark.sparkContext
             sc.setJobGroup(group, f"{kind} of {pipeline} (flow run {client.get('flow_run')})", interruptOnCancel=True)
             sc.setLocalProperty("spark.scheduler.pool", pipeline)
-            hooks = {"on_batch": partial(self._on_batch, pipeline)} if kind == "ingest" and self._on_batch else {}
+            hooks: dict[str, Any] = {"keep_warm": True} if kind == "ingest" else {}
+            if kind == "ingest" and self._on_batch:
+                hooks["on_batch"] = partial(self._on_batch, pipeline)
             try:
                 outcome["result"] = JOBS[kind](spark, **kwargs, **hooks)
             except BaseException as error:  # noqa: BLE001 - handed to the request's thread

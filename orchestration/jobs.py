@@ -27,13 +27,14 @@ if TYPE_CHECKING:
 
 
 def ingest(spark: SparkSession, config: str, pipeline: str,
-           on_batch: Callable[[BatchResult, float], None] | None = None) -> dict[str, Any]:
+           on_batch: Callable[[BatchResult, float], None] | None = None, keep_warm: bool = False) -> dict[str, Any]:
     """A bounded ingest up to the LSO; ``fetching_at`` is when its first batch started planning.
 
     Every Kafka fetch of a run (the size sample, the G3 read, the write's pass) comes at
     or after that instant, so ``fetching_at`` minus the run's start bounds from below
     what the run spent before it read anything: process, session, config, Prefect slot,
-    the LSO snapshot and the ledger's recovery.
+    the LSO snapshot and the ledger's recovery. ``keep_warm``: the session outlives the run
+    (``serve``), so each batch leaves the target's snapshot state computed for the next.
     """
     from offsets.lag import partition_lags
     from offsets.ledger import Ledger
@@ -42,6 +43,7 @@ def ingest(spark: SparkSession, config: str, pipeline: str,
     ctx = pipeline_context(config, pipeline)
     job = IngestJob(spark, ctx.config, ctx.pipeline, ctx.bootstrap)
     job.on_batch = on_batch  # serve's metrics, when the warm driver runs it
+    job.protocol.keep_warm = keep_warm
     report = job.run_bounded()
     advanced = sum(r.span for b in report.batches if not b.replayed for r in b.intent.ranges)
     last = Ledger(spark, ctx.pipeline.ledger_path, pipeline).last()

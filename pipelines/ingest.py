@@ -213,6 +213,7 @@ class IngestJob:
 
     def follow(self, stop: threading.Event) -> IngestReport:
         """Micro-batches until ``stop`` is set; the batch in flight always finishes first."""
+        self.protocol.keep_warm = True
         report = IngestReport()
         while not stop.is_set():
             step = self.run_to(self.snapshot(), stop)

@@ -186,10 +186,12 @@ def test_sigkill_at_every_step_over_sasl_ssl_and_the_password_leaks_nowhere(
     producer = BackgroundProducer(sasl.bootstrap_servers, topic, pause=0.2, client=admin)
     producer.start()
     try:
+        # Each run first recovers what the previous one's kill left (step 1), then dies at the
+        # next step: every crash point and every recovery, one process each.
         for point in CRASH_POINTS:
             product.ingest(crash_at=point)
-            product.ingest()
-        product.follow(15)
+        product.ingest()
+        product.follow(8)
     finally:
         producer.stop()
     product.ingest()
@@ -227,7 +229,7 @@ def test_the_whole_product_over_mutual_tls_with_an_encrypted_key_that_leaks_nowh
         producer.start()
         try:
             product.ingest()
-            product.follow(10)
+            product.follow(6)
             served = product.serve_until_a_batch(prefect_api)
         finally:
             producer.stop()
