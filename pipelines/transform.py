@@ -51,10 +51,19 @@ QUARANTINE_COLUMNS = (
 #: parsing instead of waiting on the broker. Side by side on 1M × 1 KB records, the same
 #: pass took 10.4-10.5 s with these and 12.5 s without (docs/benchmarks.md). Memory:
 #: at most one fetch (``fetch.max.bytes``) buffered per running task.
+#:
+#: ``fetch.max.wait.ms``: every range ends at or below the LSO, so the broker never needs to
+#: wait for more data. It matters because Spark keeps a reader's consumer across batches
+#: (:func:`reader_group`): the fetch the Java client sends ahead at the end of one batch's
+#: read, for the offset the next batch starts at, is held by the broker for this long when
+#: nothing new has committed yet, and the next batch's poll waits for it. Under the
+#: freshness benchmark's load some follower batches spent 0.5 s per partition there
+#: (9 partitions, 2 tasks: a 2.7 s write for 2,300 rows; docs/benchmarks.md).
 BULK_READ_OPTIONS = {
     "kafka.max.partition.fetch.bytes": str(32 << 20),
     "kafka.fetch.max.bytes": str(64 << 20),
     "kafka.receive.buffer.bytes": str(4 << 20),
+    "kafka.fetch.max.wait.ms": "10",
 }
 
 
