@@ -138,7 +138,16 @@ def reader_reuse(data: dict[str, Any]) -> Figure:
                     "seconds")
 
 
+def revisions(data: dict[str, Any]) -> Figure:
+    medians = data["medians"]
+    keys = [k for k in medians["head"] if k not in ("events", "rows", "records")]  # counts, not figures
+    return _grouped(f"{data['measured'][0]}: {data['pick']}, medians of {len(data['runs']['head'])} runs",
+                    keys, {f"base {data['base']}": [medians["base"][k] for k in keys],
+                           f"head {data.get('head', '')}".strip(): [medians["head"][k] for k in keys]}, "")
+
+
 CHARTS: dict[str, Callable[[dict[str, Any]], Figure]] = {
+    "revisions": revisions,
     "reader_reuse_bench": reader_reuse, "ingest_bench": ingest, "serve_bench": serve, "history_properties": history_properties,
     "relay_bench": relay, "g3_bench": g3, "freshness_bench": freshness, "position_bench": position,
     "status_bench": status, "history_bench": history, "history_day": history_day,

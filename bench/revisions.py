@@ -27,6 +27,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench.common import emit_json
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -42,10 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("base", help="git revision to compare the working tree against")
     parser.add_argument("--rounds", type=int, default=2, help="pairs of runs, alternating which goes first")
     parser.add_argument("--json", required=True, help="write every run's figures here")
+    parser.add_argument("--png", help="draw the medians side by side to this PNG file")
     parser.add_argument("--pick", default="contenders.tidemark", help="dotted path of the figures to tabulate")
-    parser.add_argument("bench", nargs=argparse.REMAINDER, help="-- MODULE [ARGS...] (a module of bench/)")
-    args = parser.parse_args(argv)
-    bench = [a for a in args.bench if a != "--"]
+    argv = sys.argv[1:] if argv is None else argv
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:split])
+    bench = argv[split + 1:]  # -- MODULE [ARGS...]: a module of bench/ and its arguments
     if not bench:
         parser.error("name the benchmark after --, e.g. -- freshness_bench --only tidemark")
     work = Path(tempfile.mkdtemp(prefix="tidemark-revisions-"))
@@ -67,16 +71,19 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"round {round_ + 1} {side}: {_pick(runs[side][-1], args.pick)}", flush=True)
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base_tree)], check=False)
-    base_rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.base], check=True,
-                              capture_output=True, text=True).stdout.strip()
+    def git(*argv: str) -> str:
+        return subprocess.run(["git", "-C", str(ROOT), *argv], check=True, capture_output=True, text=True).stdout.strip()
+
+    base_rev = git("rev-parse", "--short", args.base)
+    head_rev = git("rev-parse", "--short", "HEAD") + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
     medians = {side: {k: statistics.median(_pick(r, args.pick)[k] for r in rs) for k in _pick(rs[0], args.pick)}
                for side, rs in runs.items()}
-    Path(args.json).write_text(json.dumps({"benchmark": "revisions", "base": base_rev, "command": bench,
-                                           "pick": args.pick, "runs": runs, "medians": medians}, indent=2))
+    emit_json({"benchmark": "revisions", "base": base_rev, "head": head_rev, "measured": bench, "pick": args.pick,
+               "runs": runs, "medians": medians}, args.json, png=args.png)
     keys = list(medians["head"])
     print(f"\n| {args.pick} (median of {args.rounds}) | " + " | ".join(keys) + " |")
     print("|---|" + "---:|" * len(keys))
-    for side, label in (("base", f"base {base_rev}"), ("head", "working tree")):
+    for side, label in (("base", f"base {base_rev}"), ("head", f"head {head_rev}")):
         print(f"| {label} | " + " | ".join(f"{medians[side][k]:.2f}" for k in keys) + " |")
     return 0
 
