@@ -596,6 +596,11 @@ class CommitProtocol:
         self._warming = threading.Thread(target=warm, daemon=True, name=f"warm-{self.pipeline}")
         self._warming.start()
 
+    def quiesce(self, timeout: float = 60.0) -> None:
+        """Wait for a warm-up in flight, so a session stopped next does not cancel its Spark jobs under it."""
+        if self._warming is not None:
+            self._warming.join(timeout)
+
     def _checkpoint(self, result: BatchResult) -> None:
         """Step 6: checkpoint each table ``result``'s batch committed to, when due."""
         if self.checkpoint_every is None:

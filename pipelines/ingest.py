@@ -215,9 +215,12 @@ class IngestJob:
         """Micro-batches until ``stop`` is set; the batch in flight always finishes first."""
         self.protocol.keep_warm = True
         report = IngestReport()
-        while not stop.is_set():
-            step = self.run_to(self.snapshot(), stop)
-            report.batches += step.batches
-            if not step.batches:
-                stop.wait(self.pipeline.trigger_interval_seconds)
+        try:
+            while not stop.is_set():
+                step = self.run_to(self.snapshot(), stop)
+                report.batches += step.batches
+                if not step.batches:
+                    stop.wait(self.pipeline.trigger_interval_seconds)
+        finally:
+            self.protocol.quiesce()
         return report
