@@ -267,6 +267,7 @@ class CommitProtocol:
         """The session outlives this batch (``--follow``, ``serve``): after step 6, compute the
         target's new snapshot state on a thread, off the next batch's commit path."""
         self._warming: threading.Thread | None = None
+        """The warm-up in flight, if any (:meth:`quiesce` waits for it)."""
 
     def _reached(self, step: str) -> None:
         if self.on_step is not None:
@@ -593,7 +594,10 @@ class CommitProtocol:
             except Exception as exc:  # noqa: BLE001 - the next append computes it instead
                 log.debug("warming %s's snapshot failed (%s); the next append computes it", self.target, exc)
 
-        self._warming = threading.Thread(target=warm, daemon=True, name=f"warm-{self.pipeline}")
+        from pyspark import InheritableThread
+
+        # Inheritable: its jobs carry this thread's job group and pool (serve cancels a run's group).
+        self._warming = InheritableThread(target=warm, daemon=True, name=f"warm-{self.pipeline}")
         self._warming.start()
 
     def quiesce(self, timeout: float = 60.0) -> None:

@@ -44,7 +44,10 @@ def ingest(spark: SparkSession, config: str, pipeline: str,
     job = IngestJob(spark, ctx.config, ctx.pipeline, ctx.bootstrap)
     job.on_batch = on_batch  # serve's metrics, when the warm driver runs it
     job.protocol.keep_warm = keep_warm
-    report = job.run_bounded()
+    try:
+        report = job.run_bounded()
+    finally:
+        job.protocol.quiesce()  # the warm-up is this run's work: none outlives it
     advanced = sum(r.span for b in report.batches if not b.replayed for r in b.intent.ranges)
     last = Ledger(spark, ctx.pipeline.ledger_path, pipeline).last()
     lags = partition_lags(ctx.client_config, ctx.pipeline, last.ends() if last else {})

@@ -91,3 +91,40 @@ def test_a_warmed_snapshot_is_the_one_the_next_append_checks_its_txn_against(spa
     assert spark.read.format("delta").load(table).count() == 601 and txn_version(table, "p") == 7
     _append(spark, table, 8)
     assert spark.read.format("delta").load(table).count() == 701 and txn_version(table, "p") == 8
+
+
+def test_the_warm_up_runs_only_where_the_session_outlives_the_batch_and_is_waited_for(  # type: ignore[no-untyped-def]
+        spark, monkeypatch) -> None:
+    """``keep_warm`` off (a standalone run about to stop its session): no thread. On: one warm-up
+    of the target at a time, carrying the caller's Spark job group, and ``quiesce`` waits for it."""
+    import threading
+
+    from offsets import protocol
+
+    calls: list[tuple[str, str | None]] = []
+    release = threading.Event()
+
+    def fake_warm(session, path: str) -> int:  # type: ignore[no-untyped-def]
+        calls.append((path, session.sparkContext.getLocalProperty("spark.jobGroup.id")))
+        release.wait(10)
+        return 1
+
+    monkeypatch.setattr(protocol, "warm_snapshot", fake_warm)
+    p = protocol.CommitProtocol.__new__(protocol.CommitProtocol)
+    p.spark, p.target, p.pipeline, p._warming, p.keep_warm = spark, "/tables/t", "orders", None, False
+    p._warm()
+    assert p._warming is None and calls == []
+
+    p.keep_warm = True
+    spark.sparkContext.setJobGroup("tidemark-ingest-orders-test", "a served run")
+    try:
+        p._warm()
+        p._warm()  # the first is still running: not a second one
+        first = p._warming
+        assert first is not None and first.is_alive()
+        release.set()
+        p.quiesce(10)
+        assert not first.is_alive()
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+    assert calls == [("/tables/t", "tidemark-ingest-orders-test")]

@@ -4,7 +4,7 @@ Two harnesses, both against a real broker, Spark and Delta, with a background pr
 writing transactions of which about one in five aborts:
 
 * at every named step of the commit protocol (the process SIGKILLs itself there, exit
-  status -9 is asserted), then a clean restart: run on the secured stack, as the
+  status -9 is asserted), each kill recovered by the next run: run on the secured stack, as the
   least-privileged principal (``test_secured_crash.py``), which is the same protocol over
   another transport, so the slow stage pays for it once;
 * at 20 random instants of `ingest --follow` runs, killing the whole process group (the
