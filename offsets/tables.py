@@ -126,12 +126,17 @@ def warm_snapshot(spark: SparkSession, path: str) -> int:
     meanwhile, the append builds a new one as it always did. Read-only: no effect on the
     table, safe to lose at any instant.
     """
-    jvm: Any = spark._jvm
-    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
-    none = jvm.scala.Option.empty()
-    snapshot = delta_log.update(False, none, none)
+    snapshot = cached_snapshot(spark, path)
     snapshot.transactions()
     return int(snapshot.version())
+
+
+def cached_snapshot(spark: SparkSession, path: str) -> Any:
+    """The newest snapshot (a py4j handle) of the session's cached ``DeltaLog`` for ``path``: the one an
+    append's own ``update()`` finds when nothing new is in the log."""
+    jvm: Any = spark._jvm
+    none = jvm.scala.Option.empty()
+    return jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path).update(False, none, none)
 
 
 def maintenance_marker(ledger_path: str, pipeline: str) -> str:

@@ -54,30 +54,23 @@ def test_delta_rs_checkpoints_every_interval_and_spark_reads_the_fence_from_them
     assert spark.read.format("delta").load(str(copy)).count() == 1500 and txn_version(str(copy), "q") == 8
 
 
-def _cached_snapshot(spark, path: str):  # type: ignore[no-untyped-def]
-    """The snapshot the session's cached DeltaLog holds for ``path``, as the next append's update() finds it."""
-    jvm = spark._jvm
-    none = jvm.scala.Option.empty()
-    return jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path).update(False, none, none)
-
-
 def test_a_warmed_snapshot_is_the_one_the_next_append_checks_its_txn_against(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """After a commit and a delta-rs checkpoint (step 6) the session's snapshot has no state
     computed; ``warm_snapshot`` computes it on that very snapshot, so the next append's
     ``txnAppId`` check reads it instead of rebuilding it. The fence it holds is the table's;
     a commit by another writer after the warm-up is still seen (a new snapshot), and its batch
     is still skipped on replay."""
-    from offsets.tables import warm_snapshot
+    from offsets.tables import cached_snapshot, warm_snapshot
 
     table = str(tmp_path / "w")
     for batch in range(1, 7):
         _append(spark, table, batch)
     assert checkpoint_if_due(table, 5) == 5
-    before = _cached_snapshot(spark, table)
+    before = cached_snapshot(spark, table)
     assert before.version() == 5 and not before.stateReconstructionTriggered()
 
     assert warm_snapshot(spark, table) == 5
-    warmed = _cached_snapshot(spark, table)
+    warmed = cached_snapshot(spark, table)
     assert warmed.equals(before) and warmed.stateReconstructionTriggered()  # the same object, now computed
     assert warmed.transactions().get("p").get() == 6 == txn_version(table, "p")
 
