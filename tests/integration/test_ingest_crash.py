@@ -7,7 +7,7 @@ writing transactions of which about one in five aborts:
   status -9 is asserted), each kill recovered by the next run: run on the secured stack, as the
   least-privileged principal (``test_secured_crash.py``), which is the same protocol over
   another transport, so the slow stage pays for it once;
-* at 20 random instants of `ingest --follow` runs, killing the whole process group (the
+* at 12 random instants of `ingest --follow` runs, killing the whole process group (the
   Python driver and its JVM, as a lost container would be), on the plaintext stack.
 
 After the producer stops and a final clean run, the table's (topic, partition, offset)
@@ -39,7 +39,7 @@ from tests.ingest_harness import (
 
 pytestmark = pytest.mark.slow
 
-RANDOM_KILLS = 20
+RANDOM_KILLS = 12  # CI budget: 20 kills took 618 s of a 60-minute run; the named-step harness covers each step
 
 
 def _newest(ledger: Ledger) -> int:
@@ -52,7 +52,7 @@ def _wait_for_claim(ledger: Ledger, before: int, proc: subprocess.Popen[bytes], 
     wait_while_running(lambda: _newest(ledger) > before, proc, log, "batch claimed", timeout, 0.5)
 
 
-@pytest.mark.timeout(2700)  # ~20 min on 2 cores; each batch now also runs G3's planning scan
+@pytest.mark.timeout(1800)  # ~6 min on 2 cores; each batch also runs G3's planning scan
 def test_exactly_once_after_sigkill_at_random_instants(spark, kafka_bootstrap: str, topic_factory,  # type: ignore[no-untyped-def]
                                                        tmp_path: Path) -> None:
     topic = topic_factory("chaos", partitions=4)
@@ -72,7 +72,7 @@ def test_exactly_once_after_sigkill_at_random_instants(spark, kafka_bootstrap: s
                                         stdout=sink, stderr=subprocess.STDOUT)
                 if kill % 2 == 0:
                     # Any instant of the run, JVM start-up included.
-                    time.sleep(chooser.uniform(4, 35))
+                    time.sleep(chooser.uniform(4, 25))
                 else:
                     # An instant inside the protocol: once the run has claimed a batch, within the
                     # next few seconds (its write, settle, or the next batch's plan and claim).
