@@ -17,7 +17,8 @@ slots see them all. Then, in alternating order:
 * ``plain-producer``: the same messages read from a copy of the rows in one query,
   produced with nothing else: the machine's and broker's ceiling.
 
-Reported per transaction size: events/s of each (medians) and relay / nontxn-relay;
+Reported per transaction size: events/s of each (medians) and relay / nontxn-relay, and the
+CPU seconds the benchmark's process spent on each run (Python threads and librdkafka's);
 ``--json FILE`` writes them (``ratio_vs_nontxn_relay``), ``--svg FILE`` a bar chart.
 
     .venv/bin/python -m bench.relay_bench                          # 200,000 events; 10, 1, 100; 2 reps
@@ -117,7 +118,7 @@ def run_relay(dsn: str, client: dict[str, str], relay: Any, events: int) -> floa
                 rate = (events - first[1]) / (time.perf_counter() - first[0])
                 done.append(events / rate)
                 stop.set()
-            time.sleep(0.002)
+            time.sleep(0.02)
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
@@ -233,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(x) for x in args.txn_sizes.split(",")]
     contenders = ("relay", "nontxn-relay", "plain-producer")
     times: dict[tuple[int, str], list[float]] = {}
+    cpus: dict[tuple[int, str], list[float]] = {}
     with kafka_broker(args.bootstrap) as (bootstrap, broker_version), postgres(args.dsn) as dsn:
         client = {"bootstrap.servers": bootstrap}
         for size in sizes:
@@ -253,15 +255,18 @@ def main(argv: list[str] | None = None) -> int:
                       f"transactions written in {time.perf_counter() - t0:.0f}s", flush=True)
                 order = list(contenders) if rep % 2 == 0 else list(reversed(contenders))
                 for name in order:
+                    cpu = time.process_time()
                     if name == "relay":
                         elapsed = run_relay(dsn, client, relay, args.events)
                     elif name == "nontxn-relay":
                         elapsed = run_nontxn(dsn, client, relay, other_slot, args.events)
                     else:
                         elapsed = run_plain(dsn, client, relay, relay.table, args.events)
+                    cpu = time.process_time() - cpu
                     times.setdefault((size, name), []).append(elapsed)
+                    cpus.setdefault((size, name), []).append(cpu)
                     print(f"txn size {size}, rep {rep + 1} {name}: {elapsed:.2f}s, "
-                          f"{args.events / elapsed:,.0f} events/s", flush=True)
+                          f"{args.events / elapsed:,.0f} events/s, {cpu:.1f} CPU s in this process", flush=True)
                 with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
                     cur.execute("SELECT pg_drop_replication_slot(%s)", (other_slot,))
 
@@ -278,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"{rate[(size, 'plain-producer')]:,.0f} | **{ratio:.2f}×** |")
         figures[str(size)] = {**{f"{n}_events_per_s": rate[(size, n)] for n in contenders},
                               "ratio_vs_nontxn_relay": ratio,
-                              "runs_s": {n: times[(size, n)] for n in contenders}}
+                              "runs_s": {n: times[(size, n)] for n in contenders},
+                              "process_cpu_s": {n: cpus[(size, n)] for n in contenders}}
     emit(lines, args.output)
     emit_json({"benchmark": "relay_bench", "events": args.events, "reps": args.reps, "by_txn_size": figures},
               args.json, png=args.png)
