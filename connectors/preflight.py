@@ -12,6 +12,7 @@ hang, a retry loop or a Java stack trace later. Topics the command needs are che
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -96,6 +97,42 @@ def group_refused(err: Any, client_config: Mapping[str, Any]) -> KafkaAccessErro
     return KafkaAccessError(
         f"Kafka principal {_who(client_config)} may not use consumer groups starting 'tidemark-' (Read on the "
         f"group, prefixed): {GRANT_HINT}")
+
+
+#: Kafka's Java client exceptions that mean "refused", as a Spark job that read Kafka reports them.
+_JAVA_REFUSALS = ("TopicAuthorizationException", "GroupAuthorizationException", "SaslAuthenticationException",
+                  "SslAuthenticationException")
+
+_JAVA_TOPICS = re.compile(r"TopicAuthorizationException: Not authorized to access topics: \[([^\]]*)\]")
+
+
+def spark_refusal(exc: BaseException, client_config: Mapping[str, Any]) -> KafkaAccessError | None:
+    """The error to stop with if ``exc`` (a failed Spark job) is Kafka refusing this principal mid-run.
+
+    The pre-flight check runs before a command starts; an ACL revoked or a password rotated
+    while a follower runs shows up inside Spark's Kafka reader instead, as a Java stack
+    trace. Only the refusal's own line is kept: the batch it happened in stays claimed and
+    unwritten, and the next run, once access is back, writes it (offsets.protocol, step 1).
+    """
+    text = str(exc)
+    kind = next((k for k in _JAVA_REFUSALS if k in text), None)
+    if kind is None:
+        return None
+    then = "the batch in flight was not written; the next run writes it once access is back"
+    if kind == "TopicAuthorizationException":
+        found = _JAVA_TOPICS.search(text)
+        topics = found.group(1) if found else "its topics"
+        return KafkaAccessError(f"Kafka refused principal {_who(client_config)} reading {topics} during the run "
+                                f"(an ACL revoked?): {GRANT_HINT}; {then}")
+    if kind == "GroupAuthorizationException":
+        return KafkaAccessError(f"Kafka refused principal {_who(client_config)} its consumer group during the run "
+                                f"(Read on groups starting 'tidemark-', prefixed): {GRANT_HINT}; {then}")
+    if kind == "SaslAuthenticationException":
+        return KafkaAccessError(f"Kafka refused the login of {_who(client_config)} during the run (a rotated "
+                                "password?): fix kafka.security.sasl_password (or sasl_password_file / "
+                                f"sasl_password_env); {then}")
+    return KafkaAccessError(f"Kafka refused the TLS client {_who(client_config)} during the run (a certificate "
+                            f"expired or revoked?): fix kafka.security.ssl_certificate_location; {then}")
 
 
 def _who(conf: Mapping[str, Any]) -> str:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from connectors.admin import TP, KafkaAdmin, PartitionBounds
 from connectors.kafka_config import librdkafka_config, spark_options
+from connectors.preflight import spark_refusal
 from connectors.sizes import bytes_per_offset
 from offsets.ledger import Intent
 from offsets.protocol import BatchResult, CommitProtocol
@@ -23,7 +24,7 @@ from pipelines import transactions
 from pipelines.dedup import table_version
 from pipelines.transform import frames
 from tidemark.config import PipelineConfig, TidemarkConfig
-from tidemark.errors import ConfigError
+from tidemark.errors import ConfigError, TidemarkError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -175,9 +176,15 @@ class IngestJob:
         while not (stop and stop.is_set()):
             started = time.monotonic()
             self._marks = [("start", started)]
-            replay, result = self.protocol.run_batch(
-                bounds, self._new_partition_starts, self.pipeline.max_records_per_batch,
-                max_bytes=self.pipeline.max_bytes_per_batch, sizes=self._sizes)
+            try:
+                replay, result = self.protocol.run_batch(
+                    bounds, self._new_partition_starts, self.pipeline.max_records_per_batch,
+                    max_bytes=self.pipeline.max_bytes_per_batch, sizes=self._sizes)
+            except Exception as exc:
+                refusal = None if isinstance(exc, TidemarkError) else spark_refusal(exc, self.client_config)
+                if refusal is None:
+                    raise
+                raise refusal from None
             elapsed = time.monotonic() - started
             if self.on_batch is not None:
                 for done in (replay, result):

@@ -248,6 +248,71 @@ def test_a_missing_acl_is_named_and_nothing_is_written(spark: Any, sasl: Embedde
     assert spark.read.format("delta").load(str(tmp_path / "orders")).count() == 10
 
 
+def _revoke_read(cluster: EmbeddedKafka, topic: str, principal: str) -> None:
+    """Delete ``principal``'s Read on ``topic``, and wait until the broker refuses it (ACLs propagate)."""
+    from confluent_kafka.admin import (
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    from connectors.preflight import require_operation
+
+    admin = AdminClient(_client(cluster))
+    for future in admin.delete_acls([AclBindingFilter(
+            ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, f"User:{principal}", "*", AclOperation.READ,
+            AclPermissionType.ALLOW)]).values():
+        assert future.result(15), f"no Read ACL of {principal} on {topic} to delete"
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            require_operation(_client(cluster, principal), [topic], "READ")
+        except KafkaAccessError:
+            return
+        assert time.monotonic() < deadline, "the broker still lets the principal read 15 s after the revoke"
+        time.sleep(0.2)
+
+
+def test_an_acl_revoked_during_a_run_is_named_and_the_batch_is_written_once_granted(
+        spark: Any, sasl: EmbeddedKafka, tmp_path: Path) -> None:
+    """Not Spark's stack trace: the refusal's one line, and the claimed batch written by the next run."""
+    topic = _topic(sasl, "secured.sasl.revoked")
+    _produce(sasl, topic, transactions=4, per=5)
+    config = _pipeline_config(sasl, topic, tmp_path / "orders", "ingest")
+    grants = ingest_grants(config, "User:ingest")
+    apply(_client(sasl), grants)
+    pipeline = config.pipelines[0]
+    job = IngestJob(spark, config, pipeline, sasl.bootstrap_servers)
+    steps: list[str] = []
+    reached = job.protocol.on_step
+
+    def revoke_once_claimed(step: str) -> None:
+        steps.append(step)
+        if step == "claimed":
+            _revoke_read(sasl, topic, "ingest")  # between the claim and the write's read
+        if reached is not None:
+            reached(step)
+
+    job.protocol.on_step = revoke_once_claimed
+    with pytest.raises(KafkaAccessError) as refused:
+        job.run_bounded()
+    message = str(refused.value)
+    assert "claimed" in steps and "committed" not in steps, steps
+    assert topic in message and "'ingest'" in message and "tidemark acls" in message, message
+    assert "\n" not in message and "at org.apache" not in message, message
+    assert job.protocol.ledger.last() is not None  # the batch stays claimed
+    apply(_client(sasl), grants)
+    again = IngestJob(spark, config, pipeline, sasl.bootstrap_servers).run_bounded()
+    expected = sorted((topic, r.partition, r.offset) for r in read_to_end(
+        sasl.bootstrap_servers, topic, extra={k: v for k, v in _client(sasl).items() if k != "bootstrap.servers"}))
+    rows = spark.read.format("delta").load(pipeline.target).select(
+        "_kafka_topic", "_kafka_partition", "_kafka_offset").collect()
+    assert sorted((r[0], r[1], r[2]) for r in rows) == expected and len(expected) == 20
+    assert again.rows == 20
+
+
 def test_postgres_refusals_are_named_and_stop_the_relay(pg_tls: EmbeddedPostgres, tmp_path: Path,
                                                         kafka_bootstrap: str) -> None:
     from infra.tls import LocalCA

@@ -159,3 +159,28 @@ def test_a_refused_consumer_group_is_named_and_other_errors_are_not() -> None:
     assert refused is not None and "'relay'" in str(refused) and "tidemark acls" in str(refused)
     assert refused.exit_code == 77
     assert group_refused(KafkaError(KafkaError._PARTITION_EOF), {}) is None
+
+
+def test_a_refusal_inside_a_spark_job_becomes_its_one_line_and_other_failures_do_not() -> None:
+    from connectors.preflight import spark_refusal
+
+    conf = {"bootstrap.servers": "b:1", "sasl.username": "ingest"}
+    trace = ("An error occurred while calling o419.save.\n: org.apache.spark.SparkException: Job aborted\n"
+             "Caused by: org.apache.kafka.common.errors.{}\n\tat org.apache.kafka.clients.Fetcher")
+    cases = {
+        "TopicAuthorizationException: Not authorized to access topics: [orders, payments]":
+            ("reading orders, payments", "tidemark acls"),
+        "GroupAuthorizationException: Not authorized to access group: tidemark-reader-1":
+            ("consumer group", "tidemark acls"),
+        "SaslAuthenticationException: Authentication failed during authentication due to invalid credentials":
+            ("login of 'ingest'", "sasl_password"),
+        "SslAuthenticationException: SSL handshake failed": ("TLS client", "ssl_certificate_location"),
+    }
+    for cause, words in cases.items():
+        refusal = spark_refusal(RuntimeError(trace.format(cause)), conf)
+        assert refusal is not None and refusal.exit_code == 77, cause
+        text = str(refusal)
+        assert all(w in text for w in words) and "\n" not in text and "org.apache" not in text, text
+        assert "next run writes it" in text, text
+    assert spark_refusal(RuntimeError(trace.format("TimeoutException: Timeout of 60000ms expired")), conf) is None
+    assert spark_refusal(ValueError("bad"), conf) is None
