@@ -104,6 +104,17 @@ def _pipeline_config(cluster: EmbeddedKafka, topic: str, target: Path, principal
                        "transactions": {"manifest_topic": None}}]})
 
 
+def _table_holds_the_topic(spark: Any, cluster: EmbeddedKafka, topic: str, target: str) -> int:
+    """Assert the table's (topic, partition, offset) set is the topic's read_committed content; its size."""
+    expected = sorted((topic, r.partition, r.offset) for r in read_to_end(
+        cluster.bootstrap_servers, topic, extra={k: v for k, v in _client(cluster).items()
+                                                  if k != "bootstrap.servers"}))
+    rows = spark.read.format("delta").load(target).select(
+        "_kafka_topic", "_kafka_partition", "_kafka_offset").collect()
+    assert sorted((r[0], r[1], r[2]) for r in rows) == expected
+    return len(expected)
+
+
 def _ingest_exactly_once(spark: Any, cluster: EmbeddedKafka, tmp: Path, name: str) -> TidemarkConfig:
     topic = _topic(cluster, name)
     _produce(cluster, topic, transactions=12, per=10, commit_every=4)
@@ -111,12 +122,7 @@ def _ingest_exactly_once(spark: Any, cluster: EmbeddedKafka, tmp: Path, name: st
     apply(_client(cluster), ingest_grants(config, "User:ingest"))
     pipeline = config.pipelines[0]
     report = IngestJob(spark, config, pipeline, cluster.bootstrap_servers).run_bounded()
-    expected = sorted((topic, r.partition, r.offset) for r in read_to_end(
-        cluster.bootstrap_servers, topic, extra={k: v for k, v in _client(cluster).items()
-                                                  if k != "bootstrap.servers"}))
-    rows = spark.read.format("delta").load(pipeline.target).select(
-        "_kafka_topic", "_kafka_partition", "_kafka_offset").collect()
-    assert sorted((r[0], r[1], r[2]) for r in rows) == expected and len(expected) == 90  # 9 of 12 committed
+    assert _table_holds_the_topic(spark, cluster, topic, pipeline.target) == 90  # 9 of 12 committed
     assert report.rows == 90
     again = IngestJob(spark, config, pipeline, cluster.bootstrap_servers).run_bounded()
     assert again.batches == []
@@ -305,11 +311,7 @@ def test_an_acl_revoked_during_a_run_is_named_and_the_batch_is_written_once_gran
     assert job.protocol.ledger.last() is not None  # the batch stays claimed
     apply(_client(sasl), grants)
     again = IngestJob(spark, config, pipeline, sasl.bootstrap_servers).run_bounded()
-    expected = sorted((topic, r.partition, r.offset) for r in read_to_end(
-        sasl.bootstrap_servers, topic, extra={k: v for k, v in _client(sasl).items() if k != "bootstrap.servers"}))
-    rows = spark.read.format("delta").load(pipeline.target).select(
-        "_kafka_topic", "_kafka_partition", "_kafka_offset").collect()
-    assert sorted((r[0], r[1], r[2]) for r in rows) == expected and len(expected) == 20
+    assert _table_holds_the_topic(spark, sasl, topic, pipeline.target) == 20
     assert again.rows == 20
 
 
