@@ -103,7 +103,11 @@ def verify(position: Position | None, source: Source, slot: Slot, fork: int | No
     """Raise :class:`SourceChangedError` unless ``position`` counts in ``source`` through ``slot``.
 
     ``fork``: where the position's timeline ended on the way to the current one, when they differ.
+    The stream is compared before the slot: a database re-initialised or restored has lost its slot
+    too, and the operator needs the cause, not its symptom.
     """
+    if position is not None:
+        _verify_stream(position, source, fork)
     if not slot.exists:
         raise SourceChangedError(
             f"replication slot {slot.name!r} does not exist: it was dropped, or this is another database. "
@@ -114,8 +118,17 @@ def verify(position: Position | None, source: Source, slot: Slot, fork: int | No
             f"replication slot {slot.name!r} was invalidated by the server ({slot.invalid}): the WAL it needed is "
             f"gone, so it can never stream again. Nothing was deleted; recover with `tidemark outbox init "
             f"--reset-relay` ({RECOVERY}), and raise max_slot_wal_keep_size or keep the relay running")
-    if position is None:
-        return
+    if position is not None and slot.stranded:
+        confirmed = format_lsn(slot.confirmed_flush_lsn) if slot.confirmed_flush_lsn is not None else "?"
+        raise SourceChangedError(
+            f"replication slot {slot.name!r} (confirmed {confirmed}, the relay's position "
+            f"{format_lsn(position.end_lsn)}) has passed {slot.stranded} outbox row(s) it never delivered, e.g. id "
+            f"{slot.stranded_example}: it was created again or moved by someone else, so those rows are in no "
+            f"stream. Nothing was relayed or deleted; recover with `tidemark outbox init --reset-relay` ({RECOVERY})")
+
+
+def _verify_stream(position: Position, source: Source, fork: int | None) -> None:
+    """The position's database system and timeline lead to ``source``'s."""
     recorded = position.source
     if recorded is not None and recorded.system_id != source.system_id:
         raise SourceChangedError(
@@ -133,10 +146,3 @@ def verify(position: Position | None, source: Source, slot: Slot, fork: int | No
             f"{where} this server's timeline {source.timeline}: a restore or failover to a point before the "
             f"position. Transactions relayed after that point are not in this database. Nothing was relayed "
             f"or deleted; recover with `tidemark outbox init --reset-relay` ({RECOVERY})")
-    if slot.stranded:
-        confirmed = format_lsn(slot.confirmed_flush_lsn) if slot.confirmed_flush_lsn is not None else "?"
-        raise SourceChangedError(
-            f"replication slot {slot.name!r} (confirmed {confirmed}, the relay's position "
-            f"{format_lsn(position.end_lsn)}) has passed {slot.stranded} outbox row(s) it never delivered, e.g. id "
-            f"{slot.stranded_example}: it was created again or moved by someone else, so those rows are in no "
-            f"stream. Nothing was relayed or deleted; recover with `tidemark outbox init --reset-relay` ({RECOVERY})")

@@ -35,11 +35,15 @@ def test_the_same_stream_passes() -> None:
     (_at(1000, Source("7000", 2, "s")), SLOT, None, "not an ancestor"),
     (_at(1000, Source("7000", 4, "s")), SLOT, None, "timeline 4"),
     (_at(1000), Slot("tidemark_outbox", False), None, "does not exist"),
+    (None, Slot("tidemark_outbox", False), None, "does not exist"),
+    # A re-initialised database has lost the slot too; the cause is named, not the symptom.
+    (_at(1000, Source("6999", 3, "s")), Slot("tidemark_outbox", False), None, "re-initialised or replaced"),
+    (_at(1000, Source("7000", 4, "s")), Slot("tidemark_outbox", False), None, "timeline 4"),
     (_at(1000), Slot("tidemark_outbox", True, 900, invalid="wal_removed"), None, "invalidated.*wal_removed"),
     (_at(800), Slot("tidemark_outbox", True, 900, stranded=2, stranded_example="e-1"), None,
      "confirmed 0/384, the relay's position 0/320.*passed 2 outbox row.*e-1"),
 ])
-def test_another_stream_is_refused(position: Position, slot: Slot, fork: int | None, match: str) -> None:
+def test_another_stream_is_refused(position: Position | None, slot: Slot, fork: int | None, match: str) -> None:
     with pytest.raises(SourceChangedError, match=match) as raised:
         verify(position, HERE, slot, fork)
     assert "--reset-relay" in str(raised.value)
