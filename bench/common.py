@@ -11,6 +11,7 @@ import argparse
 import os
 import platform
 import shlex
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -83,6 +84,7 @@ def kafka_broker(bootstrap: str | None = None) -> Iterator[tuple[str, str]]:
         yield cluster.bootstrap_servers, cluster.version
     finally:
         cluster.stop()
+        shutil.rmtree(state, ignore_errors=True)  # a 1M-record run leaves ~1 GB of log segments
 
 
 def emit(lines: list[str], output: str | None) -> None:
