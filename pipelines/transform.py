@@ -153,8 +153,12 @@ def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: Pipelin
         fast = spark.catalog.functionExists("tidemark_is_valid_utf8")
         valid_utf8 = F.expr("tidemark_is_valid_utf8(value)" if fast else "is_valid_utf8(value)")
         first["_value_error"] = value_error.when(~valid_utf8, F.lit("value is not valid UTF-8"))
-        first["_parsed"] = F.from_json(F.col("value").cast("string"), parse_schema,
-                                       {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT})
+        if spark.catalog.functionExists("tidemark_from_json"):  # from_json's answers, parsed from the bytes
+            first["_parsed"] = F.call_function("tidemark_from_json", F.col("value").cast("string"),
+                                               F.lit(parse_schema.json()), F.lit(_CORRUPT))
+        else:
+            first["_parsed"] = F.from_json(F.col("value").cast("string"), parse_schema,
+                                           {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT})
         error = F.coalesce(F.col("_value_error"), F.when(F.col("_parsed").isNull(), F.lit("value is not a JSON object"))
                            .when(F.col(f"_parsed.{_CORRUPT}").isNotNull(),
                                  F.lit(f"value does not parse as JSON matching the schema: {pipeline.schema_ddl}")))

@@ -1,0 +1,249 @@
+package io.tidemark.spark;
+
+import com.fasterxml.jackson.core.JsonFactory;
+import com.fasterxml.jackson.core.JsonParser;
+import java.io.ByteArrayInputStream;
+import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.nio.ByteBuffer;
+import org.apache.spark.sql.SparkSession;
+import org.apache.spark.sql.catalyst.FunctionIdentifier;
+import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.catalyst.expressions.Expression;
+import org.apache.spark.sql.catalyst.expressions.ExpressionInfo;
+import org.apache.spark.sql.catalyst.expressions.Literal;
+import org.apache.spark.sql.catalyst.expressions.codegen.CodegenContext;
+import org.apache.spark.sql.catalyst.expressions.codegen.CodegenFallback;
+import org.apache.spark.sql.catalyst.expressions.codegen.ExprCode;
+import org.apache.spark.sql.catalyst.json.CreateJacksonParser;
+import org.apache.spark.sql.catalyst.json.JSONOptions;
+import org.apache.spark.sql.catalyst.json.JacksonParser;
+import org.apache.spark.sql.catalyst.util.FailureSafeParser;
+import org.apache.spark.sql.internal.SQLConf;
+import org.apache.spark.sql.sources.Filter;
+import org.apache.spark.sql.types.DataType;
+import org.apache.spark.sql.types.StructField;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.unsafe.types.UTF8String;
+import scala.Option;
+import scala.collection.Iterator;
+import scala.collection.immutable.Map;
+import scala.collection.immutable.Map$;
+import scala.collection.immutable.Seq;
+import scala.runtime.AbstractFunction1;
+import scala.runtime.AbstractFunction2;
+
+/**
+ * {@code from_json(value, schema, map('mode','PERMISSIVE','columnNameOfCorruptRecord', corrupt))}
+ * with the same parser, options and results, but reading the value's UTF-8 bytes directly.
+ *
+ * <p>Spark's {@code from_json} wraps every value in an {@code InputStreamReader}, whose
+ * decoder allocates and zeroes an 8 KiB buffer per record and decodes UTF-8 to chars
+ * before Jackson sees them: 13 % of a bulk ingest's task time in a profile of 1M x 1 KB
+ * records (docs/benchmarks.md). Here Jackson's byte parser reads the value in place. A
+ * value that does not start like a JSON text in UTF-8 (a byte order mark, a NUL among
+ * its first four bytes, anything but whitespace, an object or an array first), on which
+ * Jackson would guess another encoding, takes Spark's path, so the answer is always the
+ * one {@code from_json} gives. Values that are not UTF-8 fail here where the reader would
+ * substitute U+FFFD; the ingest quarantines those first anyway (tidemark_is_valid_utf8).
+ *
+ * <p>Registered by infra/udfs.py as {@code tidemark_from_json(value_string, schema,
+ * corrupt_column)}, the schema as DDL or in Spark's JSON form, naming {@code corrupt_column}
+ * as a string field (as from_json's PERMISSIVE mode requires).
+ */
+public final class JsonFromBytes extends Expression implements CodegenFallback, java.io.Serializable {
+    private static final long serialVersionUID = 1L;
+    public static final String NAME = "tidemark_from_json";
+
+    private final Expression child;
+    private final StructType schema;
+    private final String corrupt;
+    private final String timeZone;
+    private transient FailureSafeParser<UTF8String> parser;
+
+    public JsonFromBytes(Expression child, StructType schema, String corrupt, String timeZone) {
+        this.child = child;
+        this.schema = schema;
+        this.corrupt = corrupt;
+        this.timeZone = timeZone;
+    }
+
+    /** Registers the function in {@code spark}'s session (what infra/udfs.py calls through py4j). */
+    public static void register(SparkSession spark) {
+        FunctionIdentifier name = new FunctionIdentifier(NAME, Option.empty(), Option.empty());
+        ExpressionInfo info = new ExpressionInfo(JsonFromBytes.class.getName(), NAME);
+        spark.sessionState().functionRegistry().registerFunction(name, info, new Builder());
+    }
+
+    private static final class Builder extends AbstractFunction1<Seq<Expression>, Expression>
+            implements java.io.Serializable {
+        private static final long serialVersionUID = 1L;
+
+        @Override
+        public Expression apply(Seq<Expression> args) {
+            if (args.size() != 3 || !args.apply(1).foldable() || !args.apply(2).foldable()) {
+                throw new IllegalArgumentException(NAME + "(value, schema, corrupt_column): the schema and the column "
+                        + "must be constant strings");
+            }
+            String ddl = String.valueOf(args.apply(1).eval(null));
+            String corrupt = String.valueOf(args.apply(2).eval(null));
+            DataType given = ddl.trim().startsWith("{") ? DataType.fromJson(ddl) : StructType.fromDDL(ddl);
+            if (!(given instanceof StructType)) {
+                throw new IllegalArgumentException(NAME + ": the schema must be a struct, not " + given.simpleString());
+            }
+            StructType schema = (StructType) given;
+            boolean named = false;
+            for (StructField field : schema.fields()) {
+                named |= field.name().equals(corrupt);
+            }
+            if (!named) {
+                throw new IllegalArgumentException(NAME + ": the schema has no field " + corrupt);
+            }
+            return new JsonFromBytes(args.apply(0), (StructType) schema.asNullable(), corrupt,
+                    SQLConf.get().sessionLocalTimeZone());
+        }
+    }
+
+    /** Whether Jackson's byte parser decodes {@code value} as UTF-8 without guessing (see the class doc). */
+    static boolean plainUtf8(UTF8String value) {
+        int n = value.numBytes();
+        if (n == 0) {
+            return false;
+        }
+        int first = value.getByte(0) & 0xFF;
+        if (first != '{' && first != '[' && first != ' ' && first != '\t' && first != '\n' && first != '\r') {
+            return false;
+        }
+        for (int i = 1; i < Math.min(4, n); i++) {
+            if (value.getByte(i) == 0) {
+                return false;
+            }
+        }
+        return true;
+    }
+
+    private static final class CreateParser extends AbstractFunction2<JsonFactory, UTF8String, JsonParser> {
+        @Override
+        public JsonParser apply(JsonFactory factory, UTF8String value) {
+            if (!plainUtf8(value)) {
+                return CreateJacksonParser.utf8String(factory, value);
+            }
+            // A stream, not the array: given an array, Spark would cut a string field's non-string
+            // value (a number, an object) out of it verbatim, where from_json, given a reader, writes
+            // it out again ("-2.5e3" vs "-2500.0"). Jackson reads the stream into a buffer it recycles.
+            ByteBuffer bytes = value.getByteBuffer();
+            try {
+                return factory.createParser(new ByteArrayInputStream(bytes.array(),
+                        bytes.arrayOffset() + bytes.position(), bytes.remaining()));
+            } catch (IOException e) {
+                throw new UncheckedIOException(e);
+            }
+        }
+    }
+
+    private static final class Identity extends AbstractFunction1<UTF8String, UTF8String> {
+        @Override
+        public UTF8String apply(UTF8String value) {
+            return value;
+        }
+    }
+
+    private FailureSafeParser<UTF8String> parser() {
+        if (parser == null) {
+            @SuppressWarnings("unchecked")
+            Map<String, String> options = (Map<String, String>) (Object) Map$.MODULE$.<String, String>empty()
+                    .updated("mode", "PERMISSIVE").updated("columnNameOfCorruptRecord", corrupt);
+            JSONOptions parsed = new JSONOptions(options, timeZone, corrupt);
+            StructType actual = new StructType(java.util.Arrays.stream(schema.fields())
+                    .filter(f -> !f.name().equals(corrupt)).toArray(StructField[]::new));
+            @SuppressWarnings("unchecked")
+            Seq<Filter> noFilters = (Seq<Filter>) (Object) scala.collection.immutable.Nil$.MODULE$;
+            JacksonParser raw = new JacksonParser(actual, parsed, false, noFilters);
+            CreateParser create = new CreateParser();
+            Identity identity = new Identity();
+            parser = new FailureSafeParser<>(new AbstractFunction1<UTF8String, scala.collection.Iterable<InternalRow>>() {
+                @Override
+                public scala.collection.Iterable<InternalRow> apply(UTF8String input) {
+                    return raw.parse(input, create, identity);
+                }
+            }, parsed.parseMode(), schema, corrupt);
+        }
+        return parser;
+    }
+
+    @Override
+    public Object eval(InternalRow row) {
+        Object input = child.eval(row);
+        if (input == null) {
+            return null;
+        }
+        Iterator<InternalRow> rows = parser().parse((UTF8String) input);
+        return rows.hasNext() ? rows.next() : null;
+    }
+
+    @Override
+    public Seq<Expression> children() {
+        return scala.jdk.javaapi.CollectionConverters.asScala(java.util.List.of(child)).toList();
+    }
+
+    @Override
+    public DataType dataType() {
+        return schema;
+    }
+
+    @Override
+    public boolean nullable() {
+        return true;
+    }
+
+    @Override
+    public Expression withNewChildrenInternal(scala.collection.immutable.IndexedSeq<Expression> children) {
+        return new JsonFromBytes(children.apply(0), schema, corrupt, timeZone);
+    }
+
+    @Override
+    public ExprCode doGenCode(CodegenContext ctx, ExprCode ev) {
+        return CodegenFallback.super.doGenCode(ctx, ev);
+    }
+
+    @Override
+    public String prettyName() {
+        return NAME;
+    }
+
+    @Override
+    public int productArity() {
+        return 4;
+    }
+
+    @Override
+    public Object productElement(int n) {
+        switch (n) {
+            case 0: return child;
+            case 1: return schema;
+            case 2: return corrupt;
+            case 3: return timeZone;
+            default: throw new IndexOutOfBoundsException(String.valueOf(n));
+        }
+    }
+
+    @Override
+    public boolean canEqual(Object that) {
+        return that instanceof JsonFromBytes;
+    }
+
+    @Override
+    public boolean equals(Object that) {
+        if (!(that instanceof JsonFromBytes)) {
+            return false;
+        }
+        JsonFromBytes other = (JsonFromBytes) that;
+        return child.equals(other.child) && schema.equals(other.schema) && corrupt.equals(other.corrupt)
+                && timeZone.equals(other.timeZone);
+    }
+
+    @Override
+    public int hashCode() {
+        return java.util.Objects.hash(child, schema, corrupt, timeZone);
+    }
+}
