@@ -6,8 +6,9 @@ validation of every record (``tidemark_is_valid_utf8``, same answers as Spark's
 docs/benchmarks.md), the relay's per-topic event counts in G3's column
 (``tidemark_topic_count``: the relay's own compact form read directly, anything else
 left to ``from_json``), the parse of every JSON value (``tidemark_from_json``: from_json's
-own parser and answers, reading the bytes in place instead of through a per-record
-``InputStreamReader``; 6 % off a 1M-record ingest), and Delta's log store for local paths
+own parser, reading the bytes in place instead of through a per-record
+``InputStreamReader``; its answers except on keys built to defeat Jackson's name tables,
+see the class; 6 % off a 1M-record ingest), and Delta's log store for local paths
 (``io.tidemark.delta.LocalListingLogStore``: lists ``_delta_log`` by name before asking
 for the status of the few it returns: 0.03 s instead of 0.45 s a snapshot update at
 10,000 commits; see docs/design.md, "Months of history"). The jar is keyed by a hash of the sources, built

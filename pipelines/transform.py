@@ -153,7 +153,7 @@ def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: Pipelin
         fast = spark.catalog.functionExists("tidemark_is_valid_utf8")
         valid_utf8 = F.expr("tidemark_is_valid_utf8(value)" if fast else "is_valid_utf8(value)")
         first["_value_error"] = value_error.when(~valid_utf8, F.lit("value is not valid UTF-8"))
-        if spark.catalog.functionExists("tidemark_from_json"):  # from_json's answers, parsed from the bytes
+        if spark.catalog.functionExists("tidemark_from_json"):  # from_json's parser, reading the bytes
             first["_parsed"] = F.call_function("tidemark_from_json", F.col("value").cast("string"),
                                                F.lit(parse_schema.json()), F.lit(_CORRUPT))
         else:

@@ -43,9 +43,16 @@ import scala.runtime.AbstractFunction2;
  * records (docs/benchmarks.md). Here Jackson's byte parser reads the value in place. A
  * value that does not start like a JSON text in UTF-8 (a byte order mark, a NUL among
  * its first four bytes, anything but whitespace, an object or an array first), on which
- * Jackson would guess another encoding, takes Spark's path, so the answer is always the
- * one {@code from_json} gives. Values that are not UTF-8 fail here where the reader would
- * substitute U+FFFD; the ingest quarantines those first anyway (tidemark_is_valid_utf8).
+ * Jackson would guess another encoding, takes Spark's path. Values that are not UTF-8 fail
+ * here where the reader would substitute U+FFFD; the ingest quarantines those first anyway
+ * (tidemark_is_valid_utf8).
+ *
+ * <p>The answers are {@code from_json}'s except on keys built to defeat Jackson's name
+ * tables, where its byte and char parsers guard differently (found by review, each
+ * reproduced): hundreds of keys colliding in the char parser's hash make {@code from_json}
+ * call the record corrupt while this parses it; keys colliding in the byte parser's hash
+ * (529 here) do the opposite; and a key over 50,000 UTF-8 bytes but not chars is corrupt
+ * here only. Either way the record lands whole or goes to quarantine whole with its bytes.
  *
  * <p>Registered by infra/udfs.py as {@code tidemark_from_json(value_string, schema,
  * corrupt_column)}, the schema as DDL or in Spark's JSON form, naming {@code corrupt_column}
