@@ -6,7 +6,7 @@ validation of every record (``tidemark_is_valid_utf8``, same answers as Spark's
 docs/benchmarks.md), the relay's per-topic event counts in G3's column
 (``tidemark_topic_count``: the relay's own compact form read directly, anything else
 left to ``from_json``), the parse of every JSON value (``tidemark_from_json``: from_json's
-own parser, reading the bytes in place instead of through a per-record
+own parser, reading the bytes with Jackson's byte parser instead of through a per-record
 ``InputStreamReader``; its answers except on keys built to defeat Jackson's name tables,
 see the class; 6 % off a 1M-record ingest), and Delta's log store for local paths
 (``io.tidemark.delta.LocalListingLogStore``: lists ``_delta_log`` by name before asking

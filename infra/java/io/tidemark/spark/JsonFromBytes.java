@@ -11,7 +11,6 @@ import org.apache.spark.sql.catalyst.FunctionIdentifier;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.expressions.Expression;
 import org.apache.spark.sql.catalyst.expressions.ExpressionInfo;
-import org.apache.spark.sql.catalyst.expressions.Literal;
 import org.apache.spark.sql.catalyst.expressions.codegen.CodegenContext;
 import org.apache.spark.sql.catalyst.expressions.codegen.CodegenFallback;
 import org.apache.spark.sql.catalyst.expressions.codegen.ExprCode;
@@ -35,12 +34,13 @@ import scala.runtime.AbstractFunction2;
 
 /**
  * {@code from_json(value, schema, map('mode','PERMISSIVE','columnNameOfCorruptRecord', corrupt))}
- * with the same parser, options and results, but reading the value's UTF-8 bytes directly.
+ * with the same parser and options (and its results, but for the keys named below), reading
+ * the value's UTF-8 bytes instead of chars decoded from them.
  *
  * <p>Spark's {@code from_json} wraps every value in an {@code InputStreamReader}, whose
  * decoder allocates and zeroes an 8 KiB buffer per record and decodes UTF-8 to chars
  * before Jackson sees them: 13 % of a bulk ingest's task time in a profile of 1M x 1 KB
- * records (docs/benchmarks.md). Here Jackson's byte parser reads the value in place. A
+ * records (docs/benchmarks.md). Here Jackson's byte parser reads the value's bytes. A
  * value that does not start like a JSON text in UTF-8 (a byte order mark, a NUL among
  * its first four bytes, anything but whitespace, an object or an array first), on which
  * Jackson would guess another encoding, takes Spark's path. Values that are not UTF-8 fail
