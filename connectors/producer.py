@@ -213,6 +213,10 @@ class TransactionalProducer:
                         raise _fatal(err, f"producing to {topic}", self.transactional_id) from None
                     raise
 
+    def serve(self) -> None:
+        """Run the callbacks of the delivery reports that have arrived, without waiting."""
+        _serve(lambda: self._producer.poll(0))
+
     def flush(self, timeout: float) -> None:
         """Wait for every produced message's delivery report (their callbacks run here)."""
         deadline = time.monotonic() + timeout

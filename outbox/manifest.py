@@ -132,17 +132,30 @@ class Placement:
             at[2] += 1
         return n
 
-    def resolve(self, offsets: Mapping[TopicPartition, Mapping[int, int]]) -> list[tuple[Span, ...]]:
-        """Each source transaction's spans in offsets, from the delivery reports' ``offsets`` (by index).
+    def ready(self, offsets: Mapping[TopicPartition, Mapping[int, int]]) -> bool:
+        """Whether the spans can be resolved before the last events' reports (then :meth:`verify` after
+        them): every partition's first offset is reported and no topic needs a report per event."""
+        return not self.exact and all(0 in offsets[tp] for tp in self.sent)
 
-        Raises :class:`InterleavedError` where another producer's record lies between the first
-        and the last of ours in a partition whose events were not all reported.
-        """
+    def verify(self, offsets: Mapping[TopicPartition, Mapping[int, int]]) -> None:
+        """Raise :class:`InterleavedError` where another producer's record lies between the first
+        and the last of ours in a partition whose events were not all reported."""
         exact = self.exact
         interleaved = [tp for tp, n in self.sent.items() if tp[0] not in exact
                        and offsets[tp][n - 1] - offsets[tp][0] != n - 1]
         if interleaved:
             raise InterleavedError(interleaved)
+
+    def resolve(self, offsets: Mapping[TopicPartition, Mapping[int, int]], *,
+                verify: bool = True) -> list[tuple[Span, ...]]:
+        """Each source transaction's spans in offsets, from the delivery reports' ``offsets`` (by index).
+
+        ``verify``: check the last offsets first (:meth:`verify`); without it, the spans hold only
+        if a later :meth:`verify` passes, and the caller must not commit them otherwise.
+        """
+        exact = self.exact
+        if verify:
+            self.verify(offsets)
         first = {tp: reported[0] for tp, reported in offsets.items() if tp[0] not in exact}
         resolved: list[tuple[Span, ...]] = []
         for spans in self.txns:

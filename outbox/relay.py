@@ -470,6 +470,7 @@ class Relay:
                        partial(group.delivered, tp, index) if index == 0 or tp[0] in exact else None)
                       for tp, index, key, value, headers in group.unsent)
         group.unsent.clear()
+        p.serve()  # the reports that came in meanwhile: the close finds the first offsets known
 
     def _relay(self, producer: TransactionalProducer, group: Group, source: Source | None) -> None:
         """Close the group's Kafka transaction: held events, manifest, position, commit (then :attr:`position`)."""
@@ -487,20 +488,15 @@ class Relay:
             p.produce_all((tp[0], tp[1], key, value, headers, partial(group.delivered, tp, index))
                           for tp, (index, key, value, headers) in group.held.items())
             _crash_point("produced")
-            p.flush(self.config.transaction_timeout_ms / 1000)
-            if group.failed:  # a missing ACL no redo can mend? (librdkafka reports only "purged" then)
-                try:
-                    require_operation(self.client_config, sorted({f.split(": ", 1)[0] for f in group.failed}),
-                                      "WRITE", role="the relay's")
-                except KafkaAccessError:
-                    try:  # now, not at the transaction's timeout, where the instance still can
-                        p.abort(10)
-                    except Exception as exc:  # noqa: BLE001 - a refused write may leave it fatal: the ACL is the news
-                        log.debug("aborting after a refused write: %s", exc)
-                    raise
-                raise TransactionAbortedError(f"{len(group.failed)} event(s) not delivered, e.g. {group.failed[0]}")
+            # With every partition's first offset reported while the group filled, the manifest
+            # is written now, and the last events' acknowledgements, the manifest and the
+            # position travel together: one wait before the commit instead of two. The last
+            # offsets are still checked before the commit (an interleaved partition aborts it).
+            early = placement.ready(group.offsets)
+            if not early:
+                self._await_deliveries(p, group)
             try:
-                resolved = iter(placement.resolve(group.offsets))
+                resolved = iter(placement.resolve(group.offsets, verify=not early))
             except InterleavedError as interleaved:
                 self._exact_topics |= interleaved.topics
                 raise
@@ -513,6 +509,13 @@ class Relay:
             p.produce(self.config.offsets_topic, key=self.config.id.encode(), value=position.to_json(self.config.id),
                       partition=self._offsets_partition)
             _crash_point("positioned")
+            if early:
+                self._await_deliveries(p, group)
+                try:
+                    placement.verify(group.offsets)
+                except InterleavedError as interleaved:
+                    self._exact_topics |= interleaved.topics
+                    raise
 
         producer.within(body, what=f"relaying {len(group.txns)} source transaction(s) up to "
                         f"{format_lsn(last.end_lsn)}", commit=True, timeout=self.config.transaction_timeout_ms / 1000)
@@ -530,6 +533,21 @@ class Relay:
             self.report.topics[topic] += n
         log.debug("relayed %d source transaction(s), %d events, up to %s", len(group.txns), group.events,
                   format_lsn(last.end_lsn))
+
+    def _await_deliveries(self, p: TransactionalProducer, group: Group) -> None:
+        """Wait for the acknowledgements of everything the group produced; a failed one aborts it."""
+        p.flush(self.config.transaction_timeout_ms / 1000)
+        if group.failed:  # a missing ACL no redo can mend? (librdkafka reports only "purged" then)
+            try:
+                require_operation(self.client_config, sorted({f.split(": ", 1)[0] for f in group.failed}),
+                                  "WRITE", role="the relay's")
+            except KafkaAccessError:
+                try:  # now, not at the transaction's timeout, where the instance still can
+                    p.abort(10)
+                except Exception as exc:  # noqa: BLE001 - a refused write may leave it fatal: the ACL is the news
+                    log.debug("aborting after a refused write: %s", exc)
+                raise
+            raise TransactionAbortedError(f"{len(group.failed)} event(s) not delivered, e.g. {group.failed[0]}")
 
     # -- step 6 ------------------------------------------------------------------------
 

@@ -32,9 +32,14 @@ def test_contiguous_offsets_give_every_transactions_exact_spans() -> None:
 def test_a_foreign_record_between_ours_is_refused_unless_every_event_was_reported() -> None:
     placement = Placement()
     _place(placement, [[A0, B0], [A0]])
+    reported = {A0: {0: 100, 1: 102}, B0: {0: 5}}  # offset 101 is someone else's
     with pytest.raises(InterleavedError) as refused:
-        placement.resolve({A0: {0: 100, 1: 102}, B0: {0: 5}})  # offset 101 is someone else's
+        placement.resolve(reported)
     assert refused.value.topics == {"a"}
+    # Resolved early (before the last reports), the spans are only as good as the verify after them.
+    placement.resolve({A0: {0: 100}, B0: {0: 5}}, verify=False)
+    with pytest.raises(InterleavedError):
+        placement.verify(reported)
     exact = Placement(frozenset({"a"}))
     _place(exact, [[A0, B0], [A0]])
     assert exact.resolve({A0: {0: 100, 1: 102}, B0: {0: 5}}) == [(("a", 0, 100, 100, 1), ("b", 0, 5, 5, 1)),
@@ -61,6 +66,20 @@ def test_spans_match_a_report_per_event_on_random_groups() -> None:
             cursor += len(events)
             expected.append(tuple(sorted((tp[0], tp[1], min(o), max(o), len(o)) for tp, o in mine.items())))
         assert placement.resolve(reported) == expected
+        # The relay's early close: the firsts alone give the same spans, and the lasts then verify.
+        firsts = {tp: {0: offsets[0]} for tp, offsets in reported.items()}
+        assert placement.ready(firsts) and placement.resolve(firsts, verify=False) == expected
+        placement.verify(reported)
+
+
+def test_the_manifest_is_not_resolved_early_without_every_first_offset_or_with_an_exact_topic() -> None:
+    placement = Placement()
+    _place(placement, [[A0, B0], [A0]])
+    assert not placement.ready({A0: {0: 100}, B0: {}})  # b0's only report has not come
+    assert placement.ready({A0: {0: 100}, B0: {0: 5}})
+    exact = Placement(frozenset({"a"}))
+    _place(exact, [[A0, B0], [A0]])
+    assert not exact.ready({A0: {0: 100}, B0: {0: 5}})  # a's middle offsets come from reports only
 
 
 def test_the_manifest_encoder_writes_what_json_dumps_writes() -> None:
