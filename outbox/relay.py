@@ -25,7 +25,9 @@ Steps of :meth:`Relay.run`, in order, with what a crash right after each leaves 
    ``aggregateid``, value the payload, headers from ``outbox.headers``; the partition
    chosen here as librdkafka's default partitioner would, so each event's index in its
    partition is known), then, at the close, from the delivery reports of each
-   partition's first and last event, the manifest
+   partition's first and last event, the manifest (when the first reports all came in
+   while the group filled, it is produced at once and the last ones are checked before
+   the commit: one wait for everything's acknowledgements)
    (``outbox.manifest``: each source transaction's exact spans; a partition another
    producer wrote into meanwhile makes the group redo with a report per event), then the
    new position, then commit. Events, manifest and position become visible together or
