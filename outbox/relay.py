@@ -182,7 +182,8 @@ class Group:
     """Set once its Kafka transaction is open: where its events went, by index in their partition."""
     open: bool = False
     """Its Kafka transaction is open (begun, not yet committed)."""
-    held: dict[TopicPartition, tuple[int, bytes, bytes | None, list[Any]]] = field(default_factory=dict)
+    held: dict[TopicPartition, tuple[TopicPartition, int, bytes, bytes | None, list[Any]]] = field(
+        default_factory=dict)
     """Each partition's newest event, produced when the next one comes or at the close: only then is it
     known to be the partition's last, whose delivery report the manifest needs."""
     offsets: dict[TopicPartition, dict[int, int]] = field(default_factory=dict)
@@ -449,17 +450,16 @@ class Relay:
                 return  # relayed by another instance meanwhile
         placement, held, offsets, unsent = group.placement, group.held, group.offsets, group.unsent
         assert placement is not None
-        counts = self._partition_counts
+        counts, place, crc32 = self._partition_counts, placement.place, zlib.crc32
         spans = placement.open()
         for topic, key, value, headers in self._messages(txn):
-            tp = (topic, partition_for(key, counts[topic]))
-            index = placement.place(spans, tp)
+            tp = (topic, crc32(key) % counts[topic])  # partition_for, inlined: this loop runs per event
             before = held.get(tp)
             if before is None:
                 offsets[tp] = {}
             else:
-                unsent.append((tp, *before))
-            held[tp] = (index, key, value, headers)
+                unsent.append(before)
+            held[tp] = (tp, place(spans, tp), key, value, headers)
         if len(unsent) >= SEND_BATCH:
             producer.within(lambda p: self._send(p, group), what=f"relaying source transaction {txn.xid}")
 
@@ -488,7 +488,7 @@ class Relay:
         def body(p: TransactionalProducer) -> None:
             self._send(p, group)
             p.produce_all((tp[0], tp[1], key, value, headers, partial(group.delivered, tp, index))
-                          for tp, (index, key, value, headers) in group.held.items())
+                          for tp, index, key, value, headers in group.held.values())
             _crash_point("produced")
             # With every partition's first offset reported while the group filled, the manifest
             # is written now, and the last events' acknowledgements, the manifest and the
