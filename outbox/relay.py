@@ -450,16 +450,16 @@ class Relay:
                 return  # relayed by another instance meanwhile
         placement, held, offsets, unsent = group.placement, group.held, group.offsets, group.unsent
         assert placement is not None
-        counts, place, crc32 = self._partition_counts, placement.place, zlib.crc32
+        counts = self._partition_counts
         spans = placement.open()
         for topic, key, value, headers in self._messages(txn):
-            tp = (topic, crc32(key) % counts[topic])  # partition_for, inlined: this loop runs per event
+            tp = (topic, partition_for(key, counts[topic]))
             before = held.get(tp)
             if before is None:
                 offsets[tp] = {}
             else:
                 unsent.append(before)
-            held[tp] = (tp, place(spans, tp), key, value, headers)
+            held[tp] = (tp, placement.place(spans, tp), key, value, headers)
         if len(unsent) >= SEND_BATCH:
             producer.within(lambda p: self._send(p, group), what=f"relaying source transaction {txn.xid}")
 
@@ -497,11 +497,7 @@ class Relay:
             early = placement.ready(group.offsets)
             if not early:
                 self._await_deliveries(p, group)
-            try:
-                resolved = iter(placement.resolve(group.offsets, verify=not early))
-            except InterleavedError as interleaved:
-                self._exact_topics |= interleaved.topics
-                raise
+            resolved = iter(placement.resolve(group.offsets, verify=not early))
             dead = group.dead
             manifest = encode(self.config.id, format_lsn(position.end_lsn), (
                 (f"{format_lsn(t.commit_lsn)}/{t.xid}", len(t.events), () if i in dead else next(resolved), i in dead)
@@ -513,14 +509,15 @@ class Relay:
             _crash_point("positioned")
             if early:
                 self._await_deliveries(p, group)
-                try:
-                    placement.verify(group.offsets)
-                except InterleavedError as interleaved:
-                    self._exact_topics |= interleaved.topics
-                    raise
+                placement.verify(group.offsets)
 
-        producer.within(body, what=f"relaying {len(group.txns)} source transaction(s) up to "
-                        f"{format_lsn(last.end_lsn)}", commit=True, timeout=self.config.transaction_timeout_ms / 1000)
+        try:
+            producer.within(body, what=f"relaying {len(group.txns)} source transaction(s) up to "
+                            f"{format_lsn(last.end_lsn)}", commit=True,
+                            timeout=self.config.transaction_timeout_ms / 1000)
+        except InterleavedError as interleaved:  # uncommitted: the redo asks for a report per event there
+            self._exact_topics |= interleaved.topics
+            raise
         group.open = False
         self.position = position
         _crash_point("committed")
