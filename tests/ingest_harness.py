@@ -100,6 +100,7 @@ class BackgroundProducer(threading.Thread):
                     value = json.dumps({"id": self.next_id, "note": "x" * self.random.randint(10, 200)})
                     self.producer.produce(self.topic, value=value.encode(), key=str(self.next_id % 13).encode())
                     self.next_id += 1
+                self.producer.flush(30)  # librdkafka#4849: an abort racing the partitions' registration fails
                 if self.random.random() < self.abort_ratio:
                     self.producer.abort_transaction(30)
                     self.aborted += 1

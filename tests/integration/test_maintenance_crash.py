@@ -57,6 +57,7 @@ class Writer(threading.Thread):
                     producer = self.source.producer
                     producer.begin_transaction()
                     producer.produce(self.partitions[0][0], value=b'{"n": -1}', partition=0)
+                    producer.flush(30)  # librdkafka#4849: an abort racing the partition's registration fails
                     producer.abort_transaction(30)
                     self.aborted += 1
                 events = [self.random.choice(self.partitions) for _ in range(self.random.randint(1, 5))]

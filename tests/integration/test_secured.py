@@ -90,6 +90,7 @@ def _produce(cluster: EmbeddedKafka, topic: str, transactions: int, per: int, *,
         producer.begin_transaction()
         for i in range(per):
             producer.produce(topic, json.dumps({"id": t * per + i, "note": f"t{t}"}).encode(), key=str(i).encode())
+        producer.flush(30)  # librdkafka#4849: an abort racing the partitions' registration fails fatally
         if commit_every > 1 and t % commit_every == commit_every - 1:
             producer.abort_transaction(30)
         else:
