@@ -33,6 +33,7 @@ from infra.kafka import EmbeddedKafka
 from infra.postgres import EmbeddedPostgres
 from infra.process import free_port_block
 from pipelines.ingest import IngestJob
+from tests.kafka_helpers import write_transaction
 from tests.relay_harness import AGGREGATES, RelaySetup, Writers, assert_relayed_exactly_once
 from tests.stack_fixtures import secured_kafka
 from tidemark.config import KafkaConnection, KafkaSecurity, TidemarkConfig, parse_config
@@ -87,14 +88,8 @@ def _produce(cluster: EmbeddedKafka, topic: str, transactions: int, per: int, *,
     producer = Producer({**_client(cluster), "transactional.id": f"secured-{topic}"})
     producer.init_transactions(30)
     for t in range(transactions):
-        producer.begin_transaction()
-        for i in range(per):
-            producer.produce(topic, json.dumps({"id": t * per + i, "note": f"t{t}"}).encode(), key=str(i).encode())
-        producer.flush(30)  # librdkafka#4849: an abort racing the partitions' registration fails fatally
-        if commit_every > 1 and t % commit_every == commit_every - 1:
-            producer.abort_transaction(30)
-        else:
-            producer.commit_transaction(30)
+        write_transaction(producer, topic, [json.dumps({"id": t * per + i, "note": f"t{t}"}).encode() for i in range(per)],
+                          commit=not (commit_every > 1 and t % commit_every == commit_every - 1))
 
 
 def _pipeline_config(cluster: EmbeddedKafka, topic: str, target: Path, principal: str) -> TidemarkConfig:
