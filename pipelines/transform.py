@@ -177,10 +177,16 @@ def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: Pipelin
     else:
         event_id = F.col(f"_parsed.`{source.removeprefix('field:')}`").cast("string")
 
+    # The batch's own values, out of the generated code when the session can (infra.udfs): the
+    # write stage then compiles once per session, not once per batch.
+    constant = ((lambda c: F.call_function("tidemark_batch_constant", c))
+                if spark.catalog.functionExists("tidemark_batch_constant") else (lambda c: c))
+
     def check(read: DataFrame) -> DataFrame:
         checked = read.withColumns({
-            "_batch_id": F.lit(intent.batch_id).cast("bigint"),
-            "_ingested_at": F.lit(intent.planned_at).cast("timestamp"),  # aware: the instant, whatever the local zone
+            "_batch_id": constant(F.lit(intent.batch_id).cast("bigint")),
+            # aware: the instant, whatever the local zone
+            "_ingested_at": constant(F.lit(intent.planned_at).cast("timestamp")),
             ERROR_COLUMN: error, "_event_id": event_id})
         if pipeline.dedup is not None:
             checked = flag_duplicates(spark, pipeline, intent, checked, dedup_table or pipeline.target)

@@ -132,3 +132,33 @@ def test_json_parse_from_bytes_gives_from_json_answers(spark) -> None:  # type: 
     assert parsed > 500 and corrupt > 1000, (parsed, corrupt)  # both kinds of answer were compared
     assert spark.range(1).select(F.call_function("tidemark_from_json", F.lit('{"id": "x"}'), F.lit(ddl), F.lit("_bad"))
                                  .alias("p")).first().p.id == "x"
+
+
+def _generated_code(df, capsys) -> list[str]:  # type: ignore[no-untyped-def]
+    """The Java source of each of ``df``'s whole-stage-codegen subtrees (without the plan lines)."""
+    capsys.readouterr()
+    df.explain(mode="codegen")
+    printed = capsys.readouterr().out
+    return [part.split("== Subtree")[0] for part in printed.split("Generated code:")[1:]]
+
+
+def test_batch_constant_keeps_a_batchs_values_out_of_the_generated_code(spark, capsys) -> None:  # type: ignore[no-untyped-def]
+    from datetime import UTC, datetime
+
+    from pyspark.sql import functions as F
+    from pyspark.errors import IllegalArgumentException
+
+    def batch(batch_id: int, at: datetime, constant: bool):  # type: ignore[no-untyped-def]
+        wrap = (lambda c: F.call_function("tidemark_batch_constant", c)) if constant else (lambda c: c)
+        return spark.range(3).select("id", wrap(F.lit(batch_id).cast("bigint")).alias("batch_id"),
+                                     wrap(F.lit(at).cast("timestamp")).alias("at"))
+
+    first, second = datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+    inlined = [_generated_code(batch(n, at, False), capsys) for n, at in ((7, first), (8, second))]
+    assert inlined[0] and inlined[0] != inlined[1]  # what Spark does alone: each batch its own source
+    kept = [_generated_code(batch(n, at, True), capsys) for n, at in ((7, first), (8, second))]
+    assert kept[0] and kept[0] == kept[1]
+    assert [(r.id, r.batch_id, r.at.astimezone(UTC)) for r in batch(8, second, True).collect()] == [
+        (i, 8, second) for i in range(3)]
+    with pytest.raises(IllegalArgumentException, match="must be a constant"):
+        spark.range(1).select(F.call_function("tidemark_batch_constant", F.col("id"))).collect()
