@@ -16,10 +16,13 @@ alternating over ``--reps``:
 
 Each run is checked: every event once, every transaction whole. Reported: medians, the
 time ratios to ``plain`` and G3's throughput as a fraction of plain's; ``--json FILE``
-writes them (``ratio_g3_vs_plain``: throughput, g3 / plain).
+writes them (``ratio_g3_vs_plain``: throughput, g3 / plain). ``--batch-records N`` caps every
+setting's batches at N records: many small batches in one session, as ``--follow`` takes
+them, where a batch's fixed costs (the manifest read among them) weigh most.
 
     .venv/bin/python -m bench.g3_bench                         # 200,000 events, 2 reps
     .venv/bin/python -m bench.g3_bench --records 20000 --reps 1 --json g3.json
+    .venv/bin/python -m bench.g3_bench --records 50000 --batch-records 5000 --reps 1
 """
 
 from __future__ import annotations
@@ -116,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--value-bytes", type=int, default=300)
     parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--batch-records", type=int,
+                        help="max_records_per_batch of every setting: many small batches in one run, as "
+                             "`--follow` takes them (default: the pipeline's, one batch)")
     parser.add_argument("--bootstrap", help="use this Kafka cluster instead of a fresh embedded broker")
     parser.add_argument("--dsn", help="use this PostgreSQL instead of a fresh embedded server")
     report_arguments(parser)
@@ -136,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"relayed {args.records:,} events in {txns:,} source transactions "
                   f"({time.perf_counter() - t0:.0f}s)", flush=True)
             settings = settings_for(manifest)
+            if args.batch_records:
+                settings = {name: {**s, "max_records_per_batch": args.batch_records} for name, s in settings.items()}
             spark = build_session(load_settings(), "tidemark-g3-bench", warehouse=work / "warehouse")
             try:
                 run(spark, bootstrap, topics, work / "warmup", settings["plain"])  # JVM, page cache
@@ -167,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"{statistics.median(batches[name]):.0f} | {', '.join(f'{t:.1f}' for t in runs)} | "
                      f"{med[name] / med['plain']:.2f}× | {med['plain'] / med[name]:.2f}× |")
     emit(lines, args.output)
-    emit_json({"benchmark": "g3_bench", "records": args.records, "reps": args.reps,
+    emit_json({"benchmark": "g3_bench", "records": args.records, "reps": args.reps, "batch_records": args.batch_records,
                "seconds": med, "runs_s": times,
                "ratio_g3_vs_plain": med["plain"] / med["g3"],
                "ratio_g3_scan_vs_plain": med["plain"] / med["g3-scan"],

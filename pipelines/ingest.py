@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -65,6 +66,8 @@ class IngestJob:
         kafka = config.with_security(pipeline.kafka_security).kafka  # the pipeline's own principal, if any
         self.client_config = librdkafka_config(kafka, bootstrap)
         self.kafka_options = spark_options(kafka, bootstrap)
+        self._manifest_reads: transactions.ManifestConsumers | None = None
+        """The consumers this run's manifest reads share (:meth:`_run_scope`)."""
         self._listed: dict[int, transactions.RelayRanges] = {}
         """Per batch cut from the manifest: what it listed (its write's guard lets those transactions be)."""
         self.protocol = CommitProtocol(
@@ -86,7 +89,8 @@ class IngestJob:
 
         if self.pipeline.transactions.atomic:
             cursor = last.manifest[2] if last is not None and last.manifest is not None else None
-            read = transactions.read_manifest(self.client_config, self.pipeline, intent, cursor)
+            read = transactions.read_manifest(self.client_config, self.pipeline, intent, cursor,
+                                              self._manifest_reads)
             if read is not None and read.listed:
                 intent = transactions.cut_listed(self.pipeline, intent, read, bounds, last)
                 self._listed[intent.batch_id] = read.relays
@@ -172,6 +176,24 @@ class IngestJob:
 
     def run_to(self, bounds: Mapping[TP, PartitionBounds], stop: threading.Event | None = None) -> IngestReport:
         """Batches until every partition reaches ``bounds`` (a fixed LSO snapshot)."""
+        with self._run_scope():
+            return self._run_to(bounds, stop)
+
+    @contextmanager
+    def _run_scope(self) -> Iterator[None]:
+        """What the batches of the outermost run (one :meth:`run_to`, or all of :meth:`follow`) share:
+        the manifest's consumers, started at the first read and closed when the run ends."""
+        if self._manifest_reads is not None:
+            yield
+            return
+        self._manifest_reads = transactions.ManifestConsumers(self.client_config)
+        try:
+            yield
+        finally:
+            reads, self._manifest_reads = self._manifest_reads, None
+            reads.close()
+
+    def _run_to(self, bounds: Mapping[TP, PartitionBounds], stop: threading.Event | None) -> IngestReport:
         report = IngestReport()
         while not (stop and stop.is_set()):
             started = time.monotonic()
@@ -222,12 +244,13 @@ class IngestJob:
         """Micro-batches until ``stop`` is set; the batch in flight always finishes first."""
         self.protocol.keep_warm = True
         report = IngestReport()
-        try:
-            while not stop.is_set():
-                step = self.run_to(self.snapshot(), stop)
-                report.batches += step.batches
-                if not step.batches:
-                    stop.wait(self.pipeline.trigger_interval_seconds)
-        finally:
-            self.protocol.quiesce()
+        with self._run_scope():
+            try:
+                while not stop.is_set():
+                    step = self.run_to(self.snapshot(), stop)
+                    report.batches += step.batches
+                    if not step.batches:
+                        stop.wait(self.pipeline.trigger_interval_seconds)
+            finally:
+                self.protocol.quiesce()
         return report

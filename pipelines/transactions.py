@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from connectors.admin import PartitionBounds
 from connectors.preflight import group_refused
@@ -549,6 +549,42 @@ def _manifest_consumer(client_config: Mapping[str, str], isolation: str) -> Any:
                      "auto.offset.reset": "earliest", "fetch.wait.max.ms": 10})
 
 
+class ManifestConsumers:
+    """The two consumers a manifest read uses, kept for a job's batches (``--follow``, a bounded
+    run of several batches): a consumer's start and close (threads, connections, metadata)
+    cost more than reading a small batch's manifest records. Between reads nothing is
+    assigned, so nothing is fetched ahead. After a failed read both are closed and the next
+    read starts new ones."""
+
+    def __init__(self, client_config: Mapping[str, str]) -> None:
+        self.client_config = client_config
+        self._made: dict[str, Any] = {}
+
+    def get(self, isolation: str) -> Any:
+        """The ``read_uncommitted`` (watermarks, times) or ``read_committed`` (records) consumer."""
+        consumer = self._made.get(isolation)
+        if consumer is None:
+            consumer = self._made[isolation] = _manifest_consumer(self.client_config, isolation)
+        return consumer
+
+    def holds(self, consumer: Any) -> bool:
+        return any(made is consumer for made in self._made.values())
+
+    def close(self) -> None:
+        made, self._made = self._made, {}
+        for consumer in made.values():
+            try:
+                consumer.close()
+            except Exception as exc:  # noqa: BLE001 - closing what failed: the next read starts anew
+                log.debug("closing a manifest consumer: %s", exc)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
 Limits = Mapping[str, Mapping[int, tuple[int, int]]]
 """Per topic and partition, a proposal's ``[start, end)``."""
 
@@ -674,7 +710,7 @@ def _relay_ranges(found: Mapping[str, list[str]]) -> RelayRanges:
 
 
 def read_manifest(client_config: Mapping[str, str], pipeline: PipelineConfig, intent: Intent,
-                  cursor: int | None) -> ManifestRead | None:
+                  cursor: int | None, consumers: ManifestConsumers | None = None) -> ManifestRead | None:
     """The manifest records that list transactions with events in ``intent``'s ranges, or None (no manifest).
 
     Reads from ``cursor`` (the previous batch's next cursor; for a first batch, from the
@@ -683,13 +719,28 @@ def read_manifest(client_config: Mapping[str, str], pipeline: PipelineConfig, in
     past the ranges (a relay's records follow its events' order), or an open relay
     transaction holds it for :data:`MANIFEST_WAIT_SECONDS`. Stopping early costs nothing
     in correctness: the batch's write rejects any multi-event transaction the read did not list.
+    ``consumers``: the job's, kept across its batches; without them, new ones closed after the read.
     """
+    if pipeline.transactions.manifest_topic is None:
+        return None
+    if consumers is None:
+        with ManifestConsumers(client_config) as own:
+            return read_manifest(client_config, pipeline, intent, cursor, own)
+    try:
+        return _read_manifest(consumers, pipeline, intent, cursor)
+    except BaseException:
+        consumers.close()  # whatever state they are in, the next read starts from new ones
+        raise
+
+
+def _read_manifest(consumers: ManifestConsumers, pipeline: PipelineConfig, intent: Intent,
+                   cursor: int | None) -> ManifestRead | None:
     from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+    client_config = consumers.client_config
     topic = pipeline.transactions.manifest_topic
-    if topic is None:
-        return None
-    probe = _manifest_consumer(client_config, "read_uncommitted")
+    assert topic is not None
+    probe = consumers.get("read_uncommitted")
     try:
         metadata = probe.list_topics(topic, timeout=15).topics.get(topic)
         if metadata is None or metadata.error is not None or len(metadata.partitions) != 1:
@@ -698,9 +749,8 @@ def read_manifest(client_config: Mapping[str, str], pipeline: PipelineConfig, in
         if cursor is None or cursor < low:
             cursor = _first_manifest_offset(client_config, probe, topic, intent, int(low), int(high))
     except KafkaException:
+        consumers.close()
         return None  # the manifest is an optimisation: the scan and the guard still hold
-    finally:
-        probe.close()
     starts = {r.tp: r.start for r in intent.ranges}
     ends = {r.tp: r.end for r in intent.ranges}
     limits = _limits(intent)
@@ -710,9 +760,9 @@ def read_manifest(client_config: Mapping[str, str], pipeline: PipelineConfig, in
     records: list[tuple[int, tuple[tuple[TP, int], ...]]] = []
     streak: dict[bytes, int] = {}
     position = cursor
-    reader = _manifest_consumer(client_config, "read_committed")
+    reader = consumers.get("read_committed")
+    reader.assign([TopicPartition(topic, 0, cursor)])
     try:
-        reader.assign([TopicPartition(topic, 0, cursor)])
         progress = time.monotonic()
         while position < high:
             for m in reader.consume(num_messages=500, timeout=0.1):
@@ -721,8 +771,11 @@ def read_manifest(client_config: Mapping[str, str], pipeline: PipelineConfig, in
                     if refused is not None:
                         raise refused  # a missing ACL, not a manifest to do without
                     if m.error().code() != KafkaError._PARTITION_EOF:
+                        consumers.close()
                         return None
                     continue
+                if m.offset() < cursor:
+                    continue  # fetched for an earlier read of this consumer
                 decoded = _decoded(m.value() or b"")
                 relay, txns = decoded if decoded is not None else ("", [])
                 found, ids, lasts, beyond = _take(txns, limits, mine, starts, ends)
@@ -738,7 +791,8 @@ def read_manifest(client_config: Mapping[str, str], pipeline: PipelineConfig, in
             if time.monotonic() - progress > MANIFEST_WAIT_SECONDS:
                 break
     finally:
-        reader.close()
+        if consumers.holds(reader):
+            reader.unassign()  # nothing fetched ahead until the next read
     return ManifestRead(cursor, max(position, cursor), tuple(listed), _relay_ranges(by_relay), tuple(records))
 
 

@@ -166,9 +166,15 @@ def test_the_manifest_cut_equals_the_scan_cut_version_by_version_with_no_scan(
     scans = []
     real_scan = transactions.scan
     monkeypatch.setattr(transactions, "scan", lambda *a, **k: scans.append(1) or real_scan(*a, **k))
+    consumers: list[str] = []
+    real_consumer = transactions._manifest_consumer
+    monkeypatch.setattr(transactions, "_manifest_consumer",
+                        lambda config, isolation: consumers.append(isolation) or real_consumer(config, isolation))
     by_manifest = config("manifest", manifest_topic=setup.manifest_topic)
     IngestJob(spark, by_manifest, by_manifest.pipelines[0], kafka_bootstrap).run_bounded()
     assert scans == [], "the manifest path read the records' headers"
+    # The run's batches read the manifest with the same two consumers (ManifestConsumers).
+    assert sorted(consumers) == ["read_committed", "read_uncommitted"], consumers
     by_scan = config("scanned", manifest_topic=None, scan="always")
     IngestJob(spark, by_scan, by_scan.pipelines[0], kafka_bootstrap).run_bounded()
     assert scans, "the scan path did not scan"
