@@ -765,17 +765,17 @@ def _read_manifest(consumers: ManifestConsumers, pipeline: PipelineConfig, inten
     try:
         progress = time.monotonic()
         while position < high:
-            for m in reader.consume(num_messages=500, timeout=0.1):
-                if m.error() is not None:
-                    refused = group_refused(m.error(), client_config)
-                    if refused is not None:
-                        raise refused  # a missing ACL, not a manifest to do without
-                    if m.error().code() != KafkaError._PARTITION_EOF:
-                        consumers.close()
-                        return None
-                    continue
-                if m.offset() < cursor:
-                    continue  # fetched for an earlier read of this consumer
+            # One record at a time: a batch asks for a few records, and consume(n) would wait
+            # out its whole timeout for n that do not exist (0.1 s of every small batch's plan).
+            m = reader.poll(0.1)
+            if m is not None and m.error() is not None:
+                refused = group_refused(m.error(), client_config)
+                if refused is not None:
+                    raise refused  # a missing ACL, not a manifest to do without
+                if m.error().code() != KafkaError._PARTITION_EOF:
+                    consumers.close()
+                    return None
+            elif m is not None and m.offset() >= cursor:  # (below: fetched for an earlier read)
                 decoded = _decoded(m.value() or b"")
                 relay, txns = decoded if decoded is not None else ("", [])
                 found, ids, lasts, beyond = _take(txns, limits, mine, starts, ends)
