@@ -145,8 +145,8 @@ def _generated_code(df, capsys) -> list[str]:  # type: ignore[no-untyped-def]
 def test_batch_constant_keeps_a_batchs_values_out_of_the_generated_code(spark, capsys) -> None:  # type: ignore[no-untyped-def]
     from datetime import UTC, datetime
 
-    from pyspark.sql import functions as F
     from pyspark.errors import IllegalArgumentException
+    from pyspark.sql import functions as F
 
     def batch(batch_id: int, at: datetime, constant: bool):  # type: ignore[no-untyped-def]
         wrap = (lambda c: F.call_function("tidemark_batch_constant", c)) if constant else (lambda c: c)
