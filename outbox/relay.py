@@ -188,6 +188,10 @@ class Group:
     known to be the partition's last, whose delivery report the manifest needs."""
     offsets: dict[TopicPartition, dict[int, int]] = field(default_factory=dict)
     failed: list[str] = field(default_factory=list)
+    unknown: int = 0
+    """Delivered events whose report came without an offset: librdkafka reports none for a retried
+    batch the broker had already written (a duplicate sequence). Their spans are unknown, so the
+    group cannot commit its manifest (see :meth:`Relay._await_deliveries`)."""
     unsent: list[tuple[TopicPartition, int, bytes, bytes | None, list[Any]]] = field(default_factory=list)
     """Events staged but not yet handed to librdkafka (they go in batches of :data:`SEND_BATCH`)."""
 
@@ -195,8 +199,10 @@ class Group:
         """A delivery report of an event the manifest needs the offset of."""
         if err is not None:
             self.failed.append(f"{msg.topic()}: {err.name() if isinstance(err, KafkaError) else err}")
+        elif (offset := msg.offset()) is None or offset < 0:
+            self.unknown += 1
         else:
-            self.offsets[tp][index] = msg.offset()
+            self.offsets[tp][index] = offset
 
     def add(self, txn: SourceTransaction, *, dead: bool = False) -> None:
         if not self.txns:
@@ -547,6 +553,10 @@ class Relay:
                     log.debug("aborting after a refused write: %s", exc)
                 raise
             raise TransactionAbortedError(f"{len(group.failed)} event(s) not delivered, e.g. {group.failed[0]}")
+        if group.unknown:  # delivered, but where is not known: the redo asks again
+            raise TransactionAbortedError(f"{group.unknown} event(s) delivered without an offset in the report "
+                                          "(a retried batch the broker already had); the manifest's spans are "
+                                          "unknown, so the transaction is redone")
 
     # -- step 6 ------------------------------------------------------------------------
 

@@ -39,9 +39,17 @@ KEYS = tuple(f"agg-{i}" for i in range(8))
 _SLOTS: list[tuple[str, str]] = []
 
 
+# Writers a test started and has not stopped: a test that fails midway leaves them writing, and
+# their open transactions hold back the cluster's xmin horizon, which later tests read.
+_RUNNING: set[Writers] = set()
+
+
 def release_slots() -> None:
-    """Drop the replication slots the ending test created, ending any walsender still on one
-    (a relay a failed test left running). A slot another test still needs is never listed."""
+    """Halt the writers the ending test left running, and drop the replication slots it created,
+    ending any walsender still on one (a relay a failed test left running). A slot another test
+    still needs is never listed."""
+    for writers in list(_RUNNING):
+        writers.halt()
     while _SLOTS:
         dsn, slot = _SLOTS.pop()
         try:
@@ -276,7 +284,7 @@ class SourceTxn:
     """(event id, key, seq, aggregate type)."""
 
 
-@dataclass
+@dataclass(eq=False)  # identity: held in _RUNNING
 class Writers:
     """Concurrent application transactions on shared keys.
 
@@ -339,14 +347,20 @@ class Writers:
 
     def start(self) -> Writers:
         self._workers = [threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(self.threads)]
+        _RUNNING.add(self)
         for worker in self._workers:
             worker.start()
         return self
 
-    def stop(self) -> None:
+    def halt(self) -> None:
+        """End the writing threads (each finishes its transaction first)."""
         self._stop.set()
         for worker in self._workers:
             worker.join(60)
+        _RUNNING.discard(self)
+
+    def stop(self) -> None:
+        self.halt()
         assert not self.errors, f"writer failed: {self.errors[0]!r}"
 
 

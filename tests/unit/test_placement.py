@@ -104,3 +104,32 @@ def test_the_manifest_encoder_writes_what_json_dumps_writes() -> None:
              **({"dead_lettered": True} if e.dead_lettered else {})} for e in manifest.entries]}
         assert manifest.encode() == json.dumps(plain, separators=(",", ":")).encode()
         assert Manifest.decode(manifest.encode()) == manifest
+
+
+def test_a_delivery_report_without_an_offset_redoes_the_transaction() -> None:
+    """librdkafka reports a retried batch the broker already had as delivered, with no offset: the
+    spans are unknown then, so the group must not commit (it is redone), and never crash on None."""
+    from types import SimpleNamespace
+
+    from connectors.producer import TransactionAbortedError
+    from outbox.relay import Group, Relay
+
+    def report(offset: int | None) -> SimpleNamespace:
+        return SimpleNamespace(offset=lambda: offset, topic=lambda: "a")
+
+    group = Group(placement=Placement())
+    _place(group.placement, [[A0, A0]])
+    group.offsets[A0] = {}
+    group.delivered(A0, 0, None, report(None))
+    group.delivered(A0, 1, None, report(-1001))
+    assert group.unknown == 2 and group.offsets[A0] == {}
+    assert not group.placement.ready(group.offsets)
+    relay = SimpleNamespace(config=SimpleNamespace(transaction_timeout_ms=1000))
+    producer = SimpleNamespace(flush=lambda timeout: 0)
+    with pytest.raises(TransactionAbortedError, match="2 event.s. delivered without an offset"):
+        Relay._await_deliveries(relay, producer, group)  # type: ignore[arg-type]
+    group.unknown = 0
+    group.delivered(A0, 0, None, report(100))
+    group.delivered(A0, 1, None, report(101))
+    Relay._await_deliveries(relay, producer, group)  # type: ignore[arg-type]
+    assert group.placement.resolve(group.offsets) == [(("a", 0, 100, 101, 2),)]
