@@ -3,9 +3,9 @@
 Only where Spark's or Delta's built-in is measurably slow on a hot path: UTF-8
 validation of every record (``tidemark_is_valid_utf8``, same answers as Spark's
 ``is_valid_utf8``, several times faster on mostly-ASCII values; see
-docs/benchmarks.md), the relay's per-topic event counts in G3's column
-(``tidemark_topic_count``: the relay's own compact form read directly, anything else
-left to ``from_json``), the parse of every JSON value (``tidemark_from_json``: from_json's
+docs/benchmarks.md), G3's column (``tidemark_txn_headers``: a record's transaction headers
+in one pass over its headers, and the relay's compact per-topic counts read directly,
+anything else left to ``from_json``), the parse of every JSON value (``tidemark_from_json``: from_json's
 own parser, reading the bytes with Jackson's byte parser instead of through a per-record
 ``InputStreamReader``; its answers except on keys built to defeat Jackson's name tables,
 see the class; 6 % off a 1M-record ingest), a batch's own constants kept out of the
@@ -37,8 +37,7 @@ if TYPE_CHECKING:
 SOURCES = Path(__file__).parent / "java"
 
 #: SQL name -> Java class, registered in every session infra.spark builds.
-FUNCTIONS = {"tidemark_is_valid_utf8": ("io.tidemark.spark.ValidUtf8", "boolean"),
-             "tidemark_topic_count": ("io.tidemark.spark.TopicCount", "int")}
+FUNCTIONS = {"tidemark_is_valid_utf8": ("io.tidemark.spark.ValidUtf8", "boolean")}
 
 
 def _sources() -> list[Path]:
@@ -93,3 +92,4 @@ def register(spark: SparkSession) -> None:
     # A Catalyst expression, not a UDF: it returns Spark's own rows, as from_json does.
     spark._jvm.io.tidemark.spark.JsonFromBytes.register(spark._jsparkSession)  # type: ignore[union-attr]
     spark._jvm.io.tidemark.spark.BatchConstant.register(spark._jsparkSession)  # type: ignore[union-attr]
+    spark._jvm.io.tidemark.spark.TxnHeaders.register(spark._jsparkSession)  # type: ignore[union-attr]

@@ -73,16 +73,16 @@ _TXN_HEADERS = {"txid": H.TXID, "lsn": H.LSN, "position": H.POSITION, "size": H.
 RelayRanges = tuple[tuple[str, int, int], ...]
 
 
-def txn_headers(pipeline: PipelineConfig, fast_counts: bool = False) -> Column:
+def txn_headers(pipeline: PipelineConfig, fast: bool = False) -> Column:
     """``_tidemark_headers``: the relay's transaction headers as text, and the events it counts here.
 
     ``counted`` is the sum of ``topic_counts`` over this pipeline's topics (null when
     the header is missing or unreadable). Read with ``from_json`` and higher-order
     functions, which Spark evaluates interpreted, it was G3's largest per-record cost; so
-    with ``fast_counts`` (the session has Tidemark's functions, ``infra.udfs``) the
-    relay's own compact form is read by ``tidemark_topic_count``, and only a record in
-    any other form takes ``from_json`` (the same answer either way; a test holds them
-    equal). :mod:`pipelines.transform` computes this column in the projection that
+    with ``fast`` (the session has Tidemark's functions, ``infra.udfs``) one pass over the
+    headers, ``tidemark_txn_headers``, reads them all and the relay's own compact form of
+    the counts, and only a record in any other form takes ``from_json`` (the same answer
+    either way; a test holds them equal). :mod:`pipelines.transform` computes this column in the projection that
     already parses the value; everything reading it afterwards (:func:`txn_struct`,
     :func:`guard`) compiles to generated code. Records without headers, most Kafka
     records, get null at the cost of one size check.
@@ -99,9 +99,10 @@ def txn_headers(pipeline: PipelineConfig, fast_counts: bool = False) -> Column:
         mine = F.map_filter(counts, lambda k, v: k.isin(*pipeline.topics))
         spec = "L" + "\x01".join(pipeline.topics)
     counted = F.aggregate(F.map_values(mine), F.lit(0), lambda acc, x: acc + x)
-    if fast_counts:
-        quick = F.call_function("tidemark_topic_count", raw, F.lit(spec))
-        counted = F.when(quick == -1, counted).otherwise(quick)
+    if fast:
+        # One pass over the headers; `counted` (from_json) only for counts not in the relay's form.
+        return F.call_function("tidemark_txn_headers", F.col("headers"), F.lit(spec), F.lit(H.TOPIC_COUNTS),
+                               counted, *[F.lit(x) for pair in _TXN_HEADERS.items() for x in pair])
     return F.when(F.size("headers") > 0, F.struct(
         *[header(h).alias(k) for k, h in _TXN_HEADERS.items()], counted.alias("counted")))
 

@@ -167,7 +167,7 @@ def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: Pipelin
         error = value_error
         payload = [F.col("value")]
     if pipeline.transactions.atomic:
-        first[HEADERS_COLUMN] = txn_headers(pipeline, spark.catalog.functionExists("tidemark_topic_count"))
+        first[HEADERS_COLUMN] = txn_headers(pipeline, spark.catalog.functionExists("tidemark_txn_headers"))
 
     source = pipeline.event_id
     if source == "key":

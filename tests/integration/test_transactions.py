@@ -269,7 +269,7 @@ def test_the_planning_scan_reads_headers_as_the_table_column_does(spark, kafka_b
         [*good, (H.TOPIC_COUNTS, b'{"a": 1.5}')],                    # not whole numbers: the size
         [*good, (H.TOPIC_COUNTS, b"[1, 2]")],                        # not an object: the size
         [*good, (H.TOPIC_COUNTS, json.dumps({topic: 2}).encode()), (H.TOPIC_COUNTS, b"{}")],  # first one counts
-        # The relay's compact sorted form, read by tidemark_topic_count; near misses go to from_json.
+        # The relay's compact sorted form, read by tidemark_txn_headers; near misses go to from_json.
         [*good, (H.TOPIC_COUNTS, json.dumps({other: 1, topic: 2}, separators=(",", ":")).encode())],
         [*good, (H.TOPIC_COUNTS, f'{{"{topic}":2,"{other}":1}}'.encode())],  # unsorted
         [*good, (H.TOPIC_COUNTS, f'{{"{topic}":02}}'.encode())],             # a leading zero
@@ -287,6 +287,8 @@ def test_the_planning_scan_reads_headers_as_the_table_column_does(spark, kafka_b
         [(H.TXID, None), (H.LSN, b"0/A"), (H.POSITION, b"0"), (H.SIZE, b"2")],      # null txid
         [(H.LSN, b"0/A"), (H.POSITION, b"0"), (H.SIZE, b"2")],                      # no txid
         [(H.EVENT_ID, b"only an id")],
+        [(H.TXID, b"8"), *good, (H.TXID, b"9"), (H.TOPIC_COUNTS, None)],    # the first txid; null counts
+        [*good, (H.TOPIC_COUNTS, None), counts],                     # the first counts header, null
         [(H.TXID, "\u00e9".encode()), (H.LSN, b"0/\xff"), (H.POSITION, b"0"), (H.SIZE, b"2")],  # odd bytes
     ]
     producer = Producer({"bootstrap.servers": kafka_bootstrap})
@@ -304,9 +306,9 @@ def test_the_planning_scan_reads_headers_as_the_table_column_does(spark, kafka_b
     intent = Intent(pipeline.name, 1, "w", now_utc(), (Range(topic, 0, 0, end),))
     t = txn_struct()
     read = read_ranges(spark, spark_options(_kafka(kafka_bootstrap), kafka_bootstrap), intent)
-    assert spark.catalog.functionExists("tidemark_topic_count")
+    assert spark.catalog.functionExists("tidemark_txn_headers")
     # from_json alone, and Tidemark's reader of the relay's form: the same column.
-    slow, rows = [(read.withColumn(HEADERS_COLUMN, txn_headers(pipeline, fast_counts=fast))
+    slow, rows = [(read.withColumn(HEADERS_COLUMN, txn_headers(pipeline, fast=fast))
                    .select("offset", t["id"].alias("id"), t["position"].alias("position"),
                            t["expected"].alias("expected"), HEADERS_COLUMN, guard(t).alias("flagged"))
                    .orderBy("offset").collect()) for fast in (False, True)]

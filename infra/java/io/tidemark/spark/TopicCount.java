@@ -3,7 +3,6 @@ package io.tidemark.spark;
 import java.util.HashSet;
 import java.util.Set;
 import java.util.regex.Pattern;
-import org.apache.spark.sql.api.java.UDF2;
 
 /**
  * How many events a relay's tidemark.topic_counts header gives the pipeline's topics, read
@@ -14,16 +13,17 @@ import org.apache.spark.sql.api.java.UDF2;
  * names ([A-Za-z0-9._-]+) in strictly increasing order, each with a non-negative whole
  * number of at most nine digits, and a total that fits an int. Anything else returns -1,
  * and the caller (pipelines/transactions.py) falls back to from_json for that record, so
- * every answer is the one from_json would give. A null header gives null.
+ * every answer is the one from_json would give. {@link TxnHeaders} reads the header with it.
  *
- * The second argument names the pipeline's topics: "L" + "\u0001"-separated names, or
- * "P" + a regular expression that must match the whole name (Spark's rlike of ^(?:p)$).
+ * The pipeline's topics are given as "L" + "\u0001"-separated names, or "P" + a regular
+ * expression that must match the whole name (Spark's rlike of ^(?:p)$).
  */
-public final class TopicCount implements UDF2<String, String, Integer> {
-    private static final long serialVersionUID = 1L;
+final class TopicCount {
+    private TopicCount() {
+    }
 
-    /** The parsed second argument; immutable, so an instance shared by threads stays right. */
-    private static final class Topics {
+    /** The pipeline's topics, parsed; immutable, so an instance shared by threads stays right. */
+    static final class Topics {
         final String spec;
         final Set<String> names = new HashSet<>();
         final Pattern pattern;
@@ -43,21 +43,6 @@ public final class TopicCount implements UDF2<String, String, Integer> {
         boolean mine(String topic) {
             return pattern == null ? names.contains(topic) : pattern.matcher(topic).find();
         }
-    }
-
-    private transient volatile Topics topics;
-
-    @Override
-    public Integer call(String counts, String spec) {
-        if (counts == null) {
-            return null;
-        }
-        Topics parsed = topics;
-        if (parsed == null || !parsed.spec.equals(spec)) {
-            parsed = new Topics(spec);
-            topics = parsed;
-        }
-        return count(counts, parsed);
     }
 
     private static boolean nameChar(char c) {

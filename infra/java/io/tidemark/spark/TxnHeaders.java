@@ -1,0 +1,244 @@
+package io.tidemark.spark;
+
+import java.util.Arrays;
+import org.apache.spark.sql.SparkSession;
+import org.apache.spark.sql.catalyst.FunctionIdentifier;
+import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.catalyst.analysis.TypeCheckResult;
+import org.apache.spark.sql.catalyst.expressions.Expression;
+import org.apache.spark.sql.catalyst.expressions.ExpressionInfo;
+import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
+import org.apache.spark.sql.catalyst.expressions.codegen.CodegenContext;
+import org.apache.spark.sql.catalyst.expressions.codegen.CodegenFallback;
+import org.apache.spark.sql.catalyst.expressions.codegen.ExprCode;
+import org.apache.spark.sql.catalyst.util.ArrayData;
+import org.apache.spark.sql.types.DataType;
+import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.sql.types.StructField;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.unsafe.types.UTF8String;
+import scala.Option;
+import scala.collection.immutable.Seq;
+import scala.runtime.AbstractFunction1;
+
+/**
+ * {@code tidemark_txn_headers(headers, topics, counts_header, fallback, field1, header1, field2, header2, ...)}:
+ * a record's transaction headers in one pass over its Kafka headers.
+ *
+ * <p>The result is a struct of each named header's first value as text (null when the header
+ * is missing or its value is null), in field order, then {@code counted}: what
+ * {@link TopicCount} reads from the first {@code counts_header} for the pipeline's
+ * {@code topics} (null without one). When that header is not in the relay's form, the
+ * {@code fallback} expression (from_json's answer, built by the caller) is evaluated for the
+ * record instead; only then. Records with no headers give null.
+ *
+ * <p>Why: each header looked up with Spark's own functions ({@code headers.key},
+ * {@code array_position}, {@code headers.value}, {@code get}) copies the record's header keys
+ * and values into two new arrays, six headers a record, inside a conditional the optimiser
+ * does not share work across; and that code, per header, is what the JIT compiles. Here each
+ * record's headers are read once, in place. pipelines/transactions.py builds the same column
+ * without it for a session that lacks Tidemark's classes; a test holds the two equal.
+ */
+public final class TxnHeaders extends Expression implements CodegenFallback, java.io.Serializable {
+    private static final long serialVersionUID = 1L;
+    public static final String NAME = "tidemark_txn_headers";
+
+    private final Expression headers;
+    private final Expression fallback;
+    private final String spec;
+    private final String countsHeader;
+    private final String[] fields;
+    private final String[] names;
+    private final Seq<Expression> arguments;
+    private final StructType type;
+    private transient volatile Lookup lookup;
+
+    /** What the constants become on an executor, built once there and never changed. */
+    private static final class Lookup {
+        final UTF8String[] keys;
+        final UTF8String counts;
+        final TopicCount.Topics topics;
+
+        Lookup(String[] names, String countsHeader, String spec) {
+            keys = new UTF8String[names.length];
+            for (int i = 0; i < names.length; i++) {
+                keys[i] = UTF8String.fromString(names[i]);
+            }
+            counts = UTF8String.fromString(countsHeader);
+            topics = new TopicCount.Topics(spec);
+        }
+    }
+
+    private TxnHeaders(Seq<Expression> arguments, String spec, String countsHeader, String[] fields, String[] names) {
+        this.arguments = arguments;
+        this.headers = arguments.apply(0);
+        this.fallback = arguments.apply(3);
+        this.spec = spec;
+        this.countsHeader = countsHeader;
+        this.fields = fields;
+        this.names = names;
+        StructField[] columns = new StructField[fields.length + 1];
+        for (int i = 0; i < fields.length; i++) {
+            columns[i] = DataTypes.createStructField(fields[i], DataTypes.StringType, true);
+        }
+        columns[fields.length] = DataTypes.createStructField("counted", DataTypes.IntegerType, true);
+        this.type = DataTypes.createStructType(columns);
+    }
+
+    public static void register(SparkSession spark) {
+        FunctionIdentifier name = new FunctionIdentifier(NAME, Option.empty(), Option.empty());
+        ExpressionInfo info = new ExpressionInfo(TxnHeaders.class.getName(), NAME);
+        spark.sessionState().functionRegistry().registerFunction(name, info, new Builder());
+    }
+
+    private static final class Builder extends AbstractFunction1<Seq<Expression>, Expression>
+            implements java.io.Serializable {
+        private static final long serialVersionUID = 1L;
+
+        @Override
+        public Expression apply(Seq<Expression> args) {
+            int n = args.size();
+            if (n < 4 || n % 2 == 1) {
+                throw new IllegalArgumentException(NAME + "(headers, topics, counts_header, fallback, field, header, "
+                    + "...): the arguments but the headers and the fallback come as constants, the fields in "
+                    + "(name, header) pairs");
+            }
+            String[] constants = new String[n - 1];
+            for (int i = 1; i < n; i++) {
+                if (i == 3) {
+                    continue;
+                }
+                Expression arg = args.apply(i);
+                Object value = arg.foldable() ? arg.eval(null) : null;
+                if (value == null) {
+                    throw new IllegalArgumentException(NAME + ": argument " + (i + 1) + " must be a constant string");
+                }
+                constants[i - 1] = value.toString();
+            }
+            int k = (n - 4) / 2;
+            String[] fields = new String[k];
+            String[] names = new String[k];
+            for (int i = 0; i < k; i++) {
+                fields[i] = constants[3 + 2 * i];
+                names[i] = constants[4 + 2 * i];
+            }
+            return new TxnHeaders(args, constants[0], constants[1], fields, names);
+        }
+    }
+
+    @Override
+    public Object eval(InternalRow row) {
+        Object input = headers.eval(row);
+        if (input == null) {
+            return null;
+        }
+        ArrayData array = (ArrayData) input;
+        int n = array.numElements();
+        if (n == 0) {
+            return null;
+        }
+        Lookup found = lookup;
+        if (found == null) {
+            found = new Lookup(names, countsHeader, spec);
+            lookup = found;
+        }
+        UTF8String[] keys = found.keys;
+        UTF8String countsKey = found.counts;
+        Object[] values = new Object[keys.length + 1];
+        boolean[] seen = new boolean[keys.length];
+        boolean countsSeen = false;
+        UTF8String counts = null;
+        for (int i = 0; i < n; i++) {
+            if (array.isNullAt(i)) {
+                continue;
+            }
+            InternalRow header = array.getStruct(i, 2);
+            if (header.isNullAt(0)) {
+                continue;
+            }
+            UTF8String key = header.getUTF8String(0);
+            for (int j = 0; j < keys.length; j++) {
+                if (!seen[j] && keys[j].equals(key)) {
+                    seen[j] = true;
+                    values[j] = header.isNullAt(1) ? null : UTF8String.fromBytes(header.getBinary(1));
+                }
+            }
+            if (!countsSeen && countsKey.equals(key)) {
+                countsSeen = true;
+                counts = header.isNullAt(1) ? null : UTF8String.fromBytes(header.getBinary(1));
+            }
+        }
+        if (counts != null) {
+            int counted = TopicCount.count(counts.toString(), found.topics);
+            values[keys.length] = counted == -1 ? fallback.eval(row) : (Object) counted;
+        }
+        return new GenericInternalRow(values);
+    }
+
+    @Override
+    public TypeCheckResult checkInputDataTypes() {
+        if (!fallback.dataType().equals(DataTypes.IntegerType)) {
+            return new TypeCheckResult.TypeCheckFailure(NAME + ": the fallback must be an int expression, not "
+                + fallback.dataType().simpleString());
+        }
+        return TypeCheckResult.TypeCheckSuccess$.MODULE$;
+    }
+
+    @Override
+    public Seq<Expression> children() {
+        return arguments;
+    }
+
+    @Override
+    public DataType dataType() {
+        return type;
+    }
+
+    @Override
+    public boolean nullable() {
+        return true;
+    }
+
+    @Override
+    public Expression withNewChildrenInternal(scala.collection.immutable.IndexedSeq<Expression> children) {
+        return new TxnHeaders(children, spec, countsHeader, fields, names);
+    }
+
+    @Override
+    public ExprCode doGenCode(CodegenContext ctx, ExprCode ev) {
+        return CodegenFallback.super.doGenCode(ctx, ev);
+    }
+
+    @Override
+    public String prettyName() {
+        return NAME;
+    }
+
+    @Override
+    public int productArity() {
+        return 1;
+    }
+
+    @Override
+    public Object productElement(int n) {
+        if (n != 0) {
+            throw new IndexOutOfBoundsException(String.valueOf(n));
+        }
+        return arguments;
+    }
+
+    @Override
+    public boolean canEqual(Object that) {
+        return that instanceof TxnHeaders;
+    }
+
+    @Override
+    public boolean equals(Object that) {
+        return that instanceof TxnHeaders && arguments.equals(((TxnHeaders) that).arguments);
+    }
+
+    @Override
+    public int hashCode() {
+        return 31 * arguments.hashCode() + Arrays.hashCode(fields) + 11;
+    }
+}
