@@ -168,6 +168,11 @@ class RelayReport:
     topics: Counter[str] = field(default_factory=Counter)
 
 
+#: An event as :meth:`TransactionalProducer.produce_all` takes it: (topic, partition, key, value,
+#: headers, the callback for its delivery report, or None when the manifest does not need it).
+Staged = tuple[str, int, bytes, bytes | None, list[Any], Any]
+
+
 @dataclass
 class Group:
     """Consecutive source transactions bound for one Kafka transaction (step 4)."""
@@ -182,17 +187,16 @@ class Group:
     """Set once its Kafka transaction is open: where its events went, by index in their partition."""
     open: bool = False
     """Its Kafka transaction is open (begun, not yet committed)."""
-    held: dict[TopicPartition, tuple[TopicPartition, int, bytes, bytes | None, list[Any]]] = field(
-        default_factory=dict)
+    held: dict[TopicPartition, Staged] = field(default_factory=dict)
     """Each partition's newest event, produced when the next one comes or at the close: only then is it
-    known to be the partition's last, whose delivery report the manifest needs."""
+    known to be the partition's last, whose delivery report the manifest needs (given at the close)."""
     offsets: dict[TopicPartition, dict[int, int]] = field(default_factory=dict)
     failed: list[str] = field(default_factory=list)
     unknown: int = 0
     """Delivered events whose report came without an offset: librdkafka reports none for a retried
     batch the broker had already written (a duplicate sequence). Their spans are unknown, so the
     group cannot commit its manifest (see :meth:`Relay._await_deliveries`)."""
-    unsent: list[tuple[TopicPartition, int, bytes, bytes | None, list[Any]]] = field(default_factory=list)
+    unsent: list[Staged] = field(default_factory=list)
     """Events staged but not yet handed to librdkafka (they go in batches of :data:`SEND_BATCH`)."""
 
     def delivered(self, tp: TopicPartition, index: int, err: Any, msg: Any) -> None:
@@ -456,16 +460,19 @@ class Relay:
                 return  # relayed by another instance meanwhile
         placement, held, offsets, unsent = group.placement, group.held, group.offsets, group.unsent
         assert placement is not None
-        counts = self._partition_counts
+        counts, exact, delivered, crc32 = self._partition_counts, placement.exact, group.delivered, zlib.crc32
         spans = placement.open()
         for topic, key, value, headers in self._messages(txn):
-            tp = (topic, partition_for(key, counts[topic]))
-            before = held.get(tp)
-            if before is None:
+            partition = crc32(key) % counts[topic]  # partition_for, inline: this loop runs once per event
+            tp = (topic, partition)
+            n = placement.place(spans, tp)
+            if n:  # the partition's previous newest goes now; its report, if any, was chosen when staged
+                unsent.append(held[tp])
+                report = partial(delivered, tp, n) if topic in exact else None
+            else:  # the partition's first event in the group: the manifest needs its offset
                 offsets[tp] = {}
-            else:
-                unsent.append(before)
-            held[tp] = (tp, placement.place(spans, tp), key, value, headers)
+                report = partial(delivered, tp, 0)
+            held[tp] = (topic, partition, key, value, headers, report)
         if len(unsent) >= SEND_BATCH:
             producer.within(lambda p: self._send(p, group), what=f"relaying source transaction {txn.xid}")
 
@@ -473,10 +480,7 @@ class Relay:
     def _send(p: TransactionalProducer, group: Group) -> None:
         """Hand ``group.unsent`` to librdkafka, asking for the delivery reports the manifest needs:
         a partition's first event, and every event of an :attr:`Placement.exact` topic."""
-        exact = group.placement.exact if group.placement is not None else frozenset()
-        p.produce_all((tp[0], tp[1], key, value, headers,
-                       partial(group.delivered, tp, index) if index == 0 or tp[0] in exact else None)
-                      for tp, index, key, value, headers in group.unsent)
+        p.produce_all(group.unsent)
         group.unsent.clear()
         p.serve()  # the reports that came in meanwhile: the close finds the first offsets known
 
@@ -493,8 +497,9 @@ class Relay:
 
         def body(p: TransactionalProducer) -> None:
             self._send(p, group)
-            p.produce_all((tp[0], tp[1], key, value, headers, partial(group.delivered, tp, index))
-                          for tp, index, key, value, headers in group.held.values())
+            sent = placement.sent  # each held event is its partition's last: index sent - 1
+            p.produce_all((t, n, key, value, headers, report or partial(group.delivered, (t, n), sent[(t, n)] - 1))
+                          for t, n, key, value, headers, report in group.held.values())
             _crash_point("produced")
             # With every partition's first offset reported while the group filled, the manifest
             # is written now, and the last events' acknowledgements, the manifest and the
