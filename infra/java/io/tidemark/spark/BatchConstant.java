@@ -1,15 +1,9 @@
 package io.tidemark.spark;
 
 import org.apache.spark.sql.SparkSession;
-import org.apache.spark.sql.catalyst.FunctionIdentifier;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.expressions.Expression;
-import org.apache.spark.sql.catalyst.expressions.ExpressionInfo;
-import org.apache.spark.sql.catalyst.expressions.codegen.CodegenContext;
-import org.apache.spark.sql.catalyst.expressions.codegen.CodegenFallback;
-import org.apache.spark.sql.catalyst.expressions.codegen.ExprCode;
 import org.apache.spark.sql.types.DataType;
-import scala.Option;
 import scala.collection.immutable.Seq;
 import scala.runtime.AbstractFunction1;
 
@@ -25,7 +19,7 @@ import scala.runtime.AbstractFunction1;
  * them all. The optimiser does not fold it (it is not foldable), so it cannot turn back into
  * an inlined literal. Its per-row cost is one virtual call returning the same object.
  */
-public final class BatchConstant extends Expression implements CodegenFallback, java.io.Serializable {
+public final class BatchConstant extends TidemarkExpression {
     private static final long serialVersionUID = 1L;
     public static final String NAME = "tidemark_batch_constant";
 
@@ -36,9 +30,7 @@ public final class BatchConstant extends Expression implements CodegenFallback, 
     }
 
     public static void register(SparkSession spark) {
-        FunctionIdentifier name = new FunctionIdentifier(NAME, Option.empty(), Option.empty());
-        ExpressionInfo info = new ExpressionInfo(BatchConstant.class.getName(), NAME);
-        spark.sessionState().functionRegistry().registerFunction(name, info, new Builder());
+        register(spark, NAME, BatchConstant.class, new Builder());
     }
 
     private static final class Builder extends AbstractFunction1<Seq<Expression>, Expression>
@@ -66,7 +58,7 @@ public final class BatchConstant extends Expression implements CodegenFallback, 
 
     @Override
     public Seq<Expression> children() {
-        return scala.jdk.javaapi.CollectionConverters.asScala(java.util.List.of(child)).toList();
+        return seq(child);
     }
 
     @Override
@@ -85,40 +77,12 @@ public final class BatchConstant extends Expression implements CodegenFallback, 
     }
 
     @Override
-    public ExprCode doGenCode(CodegenContext ctx, ExprCode ev) {
-        return CodegenFallback.super.doGenCode(ctx, ev);
-    }
-
-    @Override
-    public String prettyName() {
+    String name() {
         return NAME;
     }
 
     @Override
-    public int productArity() {
-        return 1;
-    }
-
-    @Override
-    public Object productElement(int n) {
-        if (n != 0) {
-            throw new IndexOutOfBoundsException(String.valueOf(n));
-        }
-        return child;
-    }
-
-    @Override
-    public boolean canEqual(Object that) {
-        return that instanceof BatchConstant;
-    }
-
-    @Override
-    public boolean equals(Object that) {
-        return that instanceof BatchConstant && child.equals(((BatchConstant) that).child);
-    }
-
-    @Override
-    public int hashCode() {
-        return 31 * child.hashCode() + 7;
+    Object[] fields() {
+        return new Object[] {child};
     }
 }

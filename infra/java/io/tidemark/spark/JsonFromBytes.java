@@ -7,13 +7,8 @@ import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.nio.ByteBuffer;
 import org.apache.spark.sql.SparkSession;
-import org.apache.spark.sql.catalyst.FunctionIdentifier;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.expressions.Expression;
-import org.apache.spark.sql.catalyst.expressions.ExpressionInfo;
-import org.apache.spark.sql.catalyst.expressions.codegen.CodegenContext;
-import org.apache.spark.sql.catalyst.expressions.codegen.CodegenFallback;
-import org.apache.spark.sql.catalyst.expressions.codegen.ExprCode;
 import org.apache.spark.sql.catalyst.json.CreateJacksonParser;
 import org.apache.spark.sql.catalyst.json.JSONOptions;
 import org.apache.spark.sql.catalyst.json.JacksonParser;
@@ -24,7 +19,6 @@ import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.unsafe.types.UTF8String;
-import scala.Option;
 import scala.collection.Iterator;
 import scala.collection.immutable.Map;
 import scala.collection.immutable.Map$;
@@ -58,7 +52,7 @@ import scala.runtime.AbstractFunction2;
  * corrupt_column)}, the schema as DDL or in Spark's JSON form, naming {@code corrupt_column}
  * as a string field (as from_json's PERMISSIVE mode requires).
  */
-public final class JsonFromBytes extends Expression implements CodegenFallback, java.io.Serializable {
+public final class JsonFromBytes extends TidemarkExpression {
     private static final long serialVersionUID = 1L;
     public static final String NAME = "tidemark_from_json";
 
@@ -77,9 +71,7 @@ public final class JsonFromBytes extends Expression implements CodegenFallback, 
 
     /** Registers the function in {@code spark}'s session (what infra/udfs.py calls through py4j). */
     public static void register(SparkSession spark) {
-        FunctionIdentifier name = new FunctionIdentifier(NAME, Option.empty(), Option.empty());
-        ExpressionInfo info = new ExpressionInfo(JsonFromBytes.class.getName(), NAME);
-        spark.sessionState().functionRegistry().registerFunction(name, info, new Builder());
+        register(spark, NAME, JsonFromBytes.class, new Builder());
     }
 
     private static final class Builder extends AbstractFunction1<Seq<Expression>, Expression>
@@ -190,7 +182,7 @@ public final class JsonFromBytes extends Expression implements CodegenFallback, 
 
     @Override
     public Seq<Expression> children() {
-        return scala.jdk.javaapi.CollectionConverters.asScala(java.util.List.of(child)).toList();
+        return seq(child);
     }
 
     @Override
@@ -209,48 +201,12 @@ public final class JsonFromBytes extends Expression implements CodegenFallback, 
     }
 
     @Override
-    public ExprCode doGenCode(CodegenContext ctx, ExprCode ev) {
-        return CodegenFallback.super.doGenCode(ctx, ev);
-    }
-
-    @Override
-    public String prettyName() {
+    String name() {
         return NAME;
     }
 
     @Override
-    public int productArity() {
-        return 4;
-    }
-
-    @Override
-    public Object productElement(int n) {
-        switch (n) {
-            case 0: return child;
-            case 1: return schema;
-            case 2: return corrupt;
-            case 3: return timeZone;
-            default: throw new IndexOutOfBoundsException(String.valueOf(n));
-        }
-    }
-
-    @Override
-    public boolean canEqual(Object that) {
-        return that instanceof JsonFromBytes;
-    }
-
-    @Override
-    public boolean equals(Object that) {
-        if (!(that instanceof JsonFromBytes)) {
-            return false;
-        }
-        JsonFromBytes other = (JsonFromBytes) that;
-        return child.equals(other.child) && schema.equals(other.schema) && corrupt.equals(other.corrupt)
-                && timeZone.equals(other.timeZone);
-    }
-
-    @Override
-    public int hashCode() {
-        return java.util.Objects.hash(child, schema, corrupt, timeZone);
+    Object[] fields() {
+        return new Object[] {child, schema, corrupt, timeZone};
     }
 }

@@ -1,23 +1,16 @@
 package io.tidemark.spark;
 
-import java.util.Arrays;
 import org.apache.spark.sql.SparkSession;
-import org.apache.spark.sql.catalyst.FunctionIdentifier;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.analysis.TypeCheckResult;
 import org.apache.spark.sql.catalyst.expressions.Expression;
-import org.apache.spark.sql.catalyst.expressions.ExpressionInfo;
 import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
-import org.apache.spark.sql.catalyst.expressions.codegen.CodegenContext;
-import org.apache.spark.sql.catalyst.expressions.codegen.CodegenFallback;
-import org.apache.spark.sql.catalyst.expressions.codegen.ExprCode;
 import org.apache.spark.sql.catalyst.util.ArrayData;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.unsafe.types.UTF8String;
-import scala.Option;
 import scala.collection.immutable.Seq;
 import scala.runtime.AbstractFunction1;
 
@@ -39,7 +32,7 @@ import scala.runtime.AbstractFunction1;
  * record's headers are read once, in place. pipelines/transactions.py builds the same column
  * without it for a session that lacks Tidemark's classes; a test holds the two equal.
  */
-public final class TxnHeaders extends Expression implements CodegenFallback, java.io.Serializable {
+public final class TxnHeaders extends TidemarkExpression {
     private static final long serialVersionUID = 1L;
     public static final String NAME = "tidemark_txn_headers";
 
@@ -86,9 +79,7 @@ public final class TxnHeaders extends Expression implements CodegenFallback, jav
     }
 
     public static void register(SparkSession spark) {
-        FunctionIdentifier name = new FunctionIdentifier(NAME, Option.empty(), Option.empty());
-        ExpressionInfo info = new ExpressionInfo(TxnHeaders.class.getName(), NAME);
-        spark.sessionState().functionRegistry().registerFunction(name, info, new Builder());
+        register(spark, NAME, TxnHeaders.class, new Builder());
     }
 
     private static final class Builder extends AbstractFunction1<Seq<Expression>, Expression>
@@ -205,40 +196,12 @@ public final class TxnHeaders extends Expression implements CodegenFallback, jav
     }
 
     @Override
-    public ExprCode doGenCode(CodegenContext ctx, ExprCode ev) {
-        return CodegenFallback.super.doGenCode(ctx, ev);
-    }
-
-    @Override
-    public String prettyName() {
+    String name() {
         return NAME;
     }
 
     @Override
-    public int productArity() {
-        return 1;
-    }
-
-    @Override
-    public Object productElement(int n) {
-        if (n != 0) {
-            throw new IndexOutOfBoundsException(String.valueOf(n));
-        }
-        return arguments;
-    }
-
-    @Override
-    public boolean canEqual(Object that) {
-        return that instanceof TxnHeaders;
-    }
-
-    @Override
-    public boolean equals(Object that) {
-        return that instanceof TxnHeaders && arguments.equals(((TxnHeaders) that).arguments);
-    }
-
-    @Override
-    public int hashCode() {
-        return 31 * arguments.hashCode() + Arrays.hashCode(fields) + 11;
+    Object[] fields() {
+        return new Object[] {arguments};
     }
 }
