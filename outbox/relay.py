@@ -460,10 +460,10 @@ class Relay:
                 return  # relayed by another instance meanwhile
         placement, held, offsets, unsent = group.placement, group.held, group.offsets, group.unsent
         assert placement is not None
-        counts, exact, delivered, crc32 = self._partition_counts, placement.exact, group.delivered, zlib.crc32
+        counts, exact, delivered = self._partition_counts, placement.exact, group.delivered
         spans = placement.open()
         for topic, key, value, headers in self._messages(txn):
-            partition = crc32(key) % counts[topic]  # partition_for, inline: this loop runs once per event
+            partition = partition_for(key, counts[topic])
             tp = (topic, partition)
             n = placement.place(spans, tp)
             if n:  # the partition's previous newest goes now; its report, if any, was chosen when staged

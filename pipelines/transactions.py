@@ -82,10 +82,10 @@ def txn_headers(pipeline: PipelineConfig, fast: bool = False) -> Column:
     with ``fast`` (the session has Tidemark's functions, ``infra.udfs``) one pass over the
     headers, ``tidemark_txn_headers``, reads them all and the relay's own compact form of
     the counts, and only a record in any other form takes ``from_json`` (the same answer
-    either way; a test holds them equal). :mod:`pipelines.transform` computes this column in the projection that
-    already parses the value; everything reading it afterwards (:func:`txn_struct`,
-    :func:`guard`) compiles to generated code. Records without headers, most Kafka
-    records, get null at the cost of one size check.
+    either way; a test holds them equal). :mod:`pipelines.transform` computes this
+    column in the projection that already parses the value; everything reading it
+    afterwards (:func:`txn_struct`, :func:`guard`) compiles to generated code. Records
+    without headers, most Kafka records, get null at the cost of one size check.
     """
     from pyspark.sql import functions as F
 

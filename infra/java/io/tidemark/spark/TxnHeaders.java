@@ -46,6 +46,11 @@ public final class TxnHeaders extends TidemarkExpression {
     private final StructType type;
     private transient volatile Lookup lookup;
 
+    /** The type of the Kafka source's {@code headers} column, which {@link #eval} reads in place. */
+    private static final DataType HEADERS = DataTypes.createArrayType(DataTypes.createStructType(new StructField[] {
+        DataTypes.createStructField("key", DataTypes.StringType, true),
+        DataTypes.createStructField("value", DataTypes.BinaryType, true)}));
+
     /** What the constants become on an executor, built once there and never changed. */
     private static final class Lookup {
         final UTF8String[] keys;
@@ -168,6 +173,10 @@ public final class TxnHeaders extends TidemarkExpression {
 
     @Override
     public TypeCheckResult checkInputDataTypes() {
+        if (!HEADERS.sameType(headers.dataType())) {
+            return new TypeCheckResult.TypeCheckFailure(NAME + ": the headers must be Kafka's "
+                + HEADERS.simpleString() + ", not " + headers.dataType().simpleString());
+        }
         if (!fallback.dataType().equals(DataTypes.IntegerType)) {
             return new TypeCheckResult.TypeCheckFailure(NAME + ": the fallback must be an int expression, not "
                 + fallback.dataType().simpleString());
