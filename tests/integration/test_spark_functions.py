@@ -162,3 +162,22 @@ def test_batch_constant_keeps_a_batchs_values_out_of_the_generated_code(spark, c
         (i, 8, second) for i in range(3)]
     with pytest.raises(IllegalArgumentException, match="must be a constant"):
         spark.range(1).select(F.call_function("tidemark_batch_constant", F.col("id"))).collect()
+
+
+def test_txn_headers_refuses_what_it_cannot_read(spark) -> None:  # type: ignore[no-untyped-def]
+    """G3's header reader is called by Tidemark's own code only, but a wrong call still gets a clear error."""
+    from pyspark.errors import AnalysisException, IllegalArgumentException
+    from pyspark.sql import functions as F
+
+    def call(headers, topics, *rest):  # type: ignore[no-untyped-def]
+        return spark.range(1).select(F.call_function("tidemark_txn_headers", headers, topics, F.lit("counts"),
+                                                     F.lit(0), *rest)).collect()
+
+    headers = F.array(F.struct(F.lit("txid").alias("key"), F.lit("7").cast("binary").alias("value")))
+    assert call(headers, F.lit("Lt"), F.lit("txid"), F.lit("txid"))[0][0].asDict() == {"txid": "7", "counted": None}
+    with pytest.raises(AnalysisException, match="the headers must be Kafka's"):
+        call(F.array(F.lit("txid")), F.lit("Lt"), F.lit("txid"), F.lit("txid"))
+    with pytest.raises(IllegalArgumentException, match="must be a constant string"):
+        call(headers, F.col("id").cast("string"), F.lit("txid"), F.lit("txid"))
+    with pytest.raises(IllegalArgumentException, match=r"\(name, header\) pairs"):
+        call(headers, F.lit("Lt"), F.lit("txid"))
