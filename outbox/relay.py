@@ -498,8 +498,9 @@ class Relay:
         def body(p: TransactionalProducer) -> None:
             self._send(p, group)
             sent = placement.sent  # each held event is its partition's last: index sent - 1
-            p.produce_all((t, n, key, value, headers, report or partial(group.delivered, (t, n), sent[(t, n)] - 1))
-                          for t, n, key, value, headers, report in group.held.values())
+            p.produce_all((topic, partition, key, value, headers,
+                           report or partial(group.delivered, (topic, partition), sent[(topic, partition)] - 1))
+                          for topic, partition, key, value, headers, report in group.held.values())
             _crash_point("produced")
             # With every partition's first offset reported while the group filled, the manifest
             # is written now, and the last events' acknowledgements, the manifest and the
