@@ -52,6 +52,10 @@ class Manifest:
     entries: tuple[ManifestEntry, ...]
 
     def encode(self) -> bytes:
+        return self.encoded()[0]
+
+    def encoded(self) -> tuple[bytes, bytes]:
+        """The record and its summary header (:func:`encode`)."""
         return encode(self.relay, self.end_lsn, ((e.txn, e.events, e.spans, e.dead_lettered) for e in self.entries))
 
     @classmethod
@@ -79,13 +83,30 @@ def _json_text(text: str) -> str:
     return json.dumps(text)
 
 
-def encode(relay: str, end_lsn: str, entries: Iterable[tuple[str, int, tuple[Span, ...], bool]]) -> bytes:
-    """A manifest record: the bytes ``json.dumps`` gives its v1 object with compact separators,
-    written directly, because the relay writes one per Kafka transaction with an entry per
-    source transaction, and building the object first cost more than the rest of the manifest.
-    ``entries``: (id, events, spans, dead-lettered), as :class:`ManifestEntry` holds them."""
+#: The Kafka header a manifest record carries its summary in (:func:`encode`).
+SUMMARY_HEADER = "tidemark.manifest.summary"
+
+
+def encode(relay: str, end_lsn: str, entries: Iterable[tuple[str, int, tuple[Span, ...], bool]]) -> tuple[bytes, bytes]:
+    """A manifest record and its summary, in one pass over ``entries`` ((id, events, spans,
+    dead-lettered), as :class:`ManifestEntry` holds them).
+
+    The record: the bytes ``json.dumps`` gives its v1 object with compact separators, written
+    directly, because the relay writes one per Kafka transaction with an entry per source
+    transaction, and building the object first cost more than the rest of the manifest.
+
+    The summary (:data:`SUMMARY_HEADER`): per partition the first and last offset of any
+    span, how many source transactions have more than one event, and the first and last id
+    of those with events. An ingest's plan reads most records only to learn that all of
+    them lies inside its batch; the summary tells it that without decoding tens of
+    thousands of entries (the plan's largest cost, docs/benchmarks.md, session 25), and the
+    record itself is decoded only where a cut reaches it.
+    """
     names: dict[str, str] = {}
     parts = []
+    bounds: dict[tuple[str, int], list[int]] = {}
+    multi = 0
+    first_id = last_id = None
     for txn, events, spans, dead in entries:
         if len(spans) == 1:  # most source transactions touch one partition: no generator for them
             ((t, p, a, b, n),) = spans
@@ -93,10 +114,24 @@ def encode(relay: str, end_lsn: str, entries: Iterable[tuple[str, int, tuple[Spa
         else:
             listed = ",".join(f"[{names.get(t) or names.setdefault(t, _json_text(t))},{p},{a},{b},{n}]"
                               for t, p, a, b, n in spans)
+            n = sum(s[4] for s in spans)
+        for t, p, a, b, _ in spans:
+            seen = bounds.get((t, p))
+            if seen is None:
+                bounds[(t, p)] = [a, b]
+            else:
+                seen[0], seen[1] = min(seen[0], a), max(seen[1], b)
+        if spans:
+            multi += n > 1
+            first_id = first_id or txn
+            last_id = txn
         tail = ',"dead_lettered":true}' if dead else "}"
         parts.append(f'{{"id":{_json_text(txn)},"events":{events},"spans":[{listed}]{tail}')
-    return (f'{{"v":1,"relay":{_json_text(relay)},"end_lsn":{_json_text(end_lsn)},"txns":[' + ",".join(parts)
-            + "]}").encode()
+    record = (f'{{"v":1,"relay":{_json_text(relay)},"end_lsn":{_json_text(end_lsn)},"txns":[' + ",".join(parts)
+              + "]}").encode()
+    summary = json.dumps({"v": 1, "relay": relay, "parts": [[t, p, a, b] for (t, p), (a, b) in bounds.items()],
+                          "multi": multi, "first": first_id, "last": last_id}, separators=(",", ":")).encode()
+    return record, summary
 
 
 class InterleavedError(TransactionAbortedError):

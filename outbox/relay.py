@@ -89,7 +89,7 @@ from outbox.capture import (
     TransactionTooLargeError,
 )
 from outbox.deadletter import OversizedEventError, acknowledged, dead_letter_events
-from outbox.manifest import InterleavedError, Placement, TopicPartition, encode
+from outbox.manifest import SUMMARY_HEADER, InterleavedError, Placement, TopicPartition, encode
 from outbox.pgoutput import format_lsn
 from outbox.position import (
     OFFSETS_TOPIC_CONFIG,
@@ -511,10 +511,11 @@ class Relay:
                 self._await_deliveries(p, group)
             resolved = iter(placement.resolve(group.offsets, verify=not early))
             dead = group.dead
-            manifest = encode(self.config.id, format_lsn(position.end_lsn), (
+            manifest, summary = encode(self.config.id, format_lsn(position.end_lsn), (
                 (f"{format_lsn(t.commit_lsn)}/{t.xid}", len(t.events), () if i in dead else next(resolved), i in dead)
                 for i, t in enumerate(group.txns) if t.events))
-            p.produce(self.config.manifest_topic, key=self.config.id.encode(), value=manifest)
+            p.produce(self.config.manifest_topic, key=self.config.id.encode(), value=manifest,
+                      headers=[(SUMMARY_HEADER, summary)])
             _crash_point("manifested")
             p.produce(self.config.offsets_topic, key=self.config.id.encode(), value=position.to_json(self.config.id),
                       partition=self._offsets_partition)

@@ -660,6 +660,53 @@ def _block(txns: list[Any], limits: Limits, mine: Callable[[str], bool]) -> tupl
     return block, [str(first_id), str(last_id)]
 
 
+def _summarized(message: Any, limits: Limits, mine: Callable[[str], bool]) -> tuple[str, ListedBlock, list[str]] | None:
+    """What :func:`_block` makes of a manifest record, from its summary header alone
+    (:data:`outbox.manifest.SUMMARY_HEADER`): (relay, block, first and last id), or None
+    where the record must be decoded: no or unreadable summary, a partition outside the
+    proposal, nothing of ours, or a topic this pipeline does not read (the summary's count
+    of multi-event transactions is over all of the record's topics). The record's entries
+    are decoded only if a cut reaches the block or a wait names one of them."""
+    import orjson
+
+    from outbox.manifest import SUMMARY_HEADER
+
+    raw = next((v for k, v in message.headers() or () if k == SUMMARY_HEADER), None)
+    if raw is None:
+        return None
+    try:
+        summary = orjson.loads(raw)
+        if summary.get("v") != 1 or summary["first"] is None or summary["last"] is None:
+            return None
+        last = []
+        for topic, partition, first, end in summary["parts"]:
+            bounds = limits.get(topic, {}).get(partition)
+            if bounds is None or not mine(topic) or first < bounds[0] or end >= bounds[1]:
+                return None
+            last.append(((topic, partition), end))
+        relay, count, ids = str(summary["relay"]), int(summary["multi"]), [str(summary["first"]), str(summary["last"])]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None  # the record itself still says it all
+    value = message.value() or b""
+
+    def expand() -> tuple[ListedTxn, ...]:
+        decoded = _decoded(value)
+        return tuple(t for t in _entries(decoded[1], mine) if t.spans) if decoded is not None else ()
+    return relay, ListedBlock(tuple(last), count, expand), ids
+
+
+def _read_record(message: Any, limits: Limits, mine: Callable[[str], bool], starts: Mapping[TP, int],
+                 ends: Mapping[TP, int]) -> tuple[str, list[Listed], list[str], tuple[tuple[TP, int], ...], bool]:
+    """:func:`_take` of one manifest record, with its relay: from the summary where it suffices."""
+    quick = _summarized(message, limits, mine)
+    if quick is not None:
+        relay, block, ids = quick
+        return relay, [block], ids, block.last, False
+    decoded = _decoded(message.value() or b"")
+    relay, txns = decoded if decoded is not None else ("", [])
+    return relay, *_take(txns, limits, mine, starts, ends)
+
+
 def _touches(spans: tuple[tuple[TP, int, int, int], ...], starts: Mapping[TP, int], ends: Mapping[TP, int]) -> bool:
     return any(tp in ends and first < ends[tp] and last >= starts[tp] for tp, first, last, _ in spans)
 
@@ -777,9 +824,7 @@ def _read_manifest(consumers: ManifestConsumers, pipeline: PipelineConfig, inten
                     consumers.close()
                     return None
             elif m is not None and m.offset() >= cursor:  # (below: fetched for an earlier read)
-                decoded = _decoded(m.value() or b"")
-                relay, txns = decoded if decoded is not None else ("", [])
-                found, ids, lasts, beyond = _take(txns, limits, mine, starts, ends)
+                relay, found, ids, lasts, beyond = _read_record(m, limits, mine, starts, ends)
                 listed += found
                 by_relay.setdefault(relay, []).extend(ids)
                 records.append((m.offset(), lasts))
@@ -839,9 +884,9 @@ def listed_ranges(client_config: Mapping[str, str], pipeline: PipelineConfig, in
         while time.monotonic() < deadline:
             for m in reader.consume(num_messages=500, timeout=0.1):
                 if m.error() is None and m.offset() < end:
-                    decoded = _decoded(m.value() or b"")
-                    if decoded is not None:
-                        by_relay.setdefault(decoded[0], []).extend(_take(decoded[1], limits, mine, starts, ends)[1])
+                    relay, _, ids, _, _ = _read_record(m, limits, mine, starts, ends)
+                    if relay:
+                        by_relay.setdefault(relay, []).extend(ids)
                 elif m.error() is not None and m.error().code() != KafkaError._PARTITION_EOF:
                     return _relay_ranges(by_relay)
             if reader.position([TopicPartition(topic, 0)])[0].offset >= end:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from offsets.cut import TxnSpan, cut_ranges, judge, search_regions
 from offsets.ledger import Intent, Range, Wait
 
@@ -205,20 +207,37 @@ def test_a_listed_transaction_missing_events_before_the_start_waits_then_is_over
     assert [s.txn for s in later.overdue] == ["t1"]
 
 
-def test_manifest_records_read_as_blocks_give_the_scans_cut_and_guard_range() -> None:
+class _Record:
+    """A manifest record as confluent-kafka hands it over: its value and headers."""
+
+    def __init__(self, encoded: tuple[bytes, bytes] | bytes) -> None:
+        self._value, self._headers = ((encoded[0], [("tidemark.manifest.summary", encoded[1])])
+                                      if isinstance(encoded, tuple) else (encoded, None))
+
+    def value(self) -> bytes:
+        return self._value
+
+    def headers(self) -> list[tuple[str, bytes]] | None:
+        return self._headers
+
+
+@pytest.mark.parametrize("summary", [True, False], ids=["with-summary", "record-only"])
+@pytest.mark.parametrize("other_topic", [True, False], ids=["other-topic", "ours-only"])
+def test_manifest_records_read_as_blocks_give_the_scans_cut_and_guard_range(summary: bool, other_topic: bool) -> None:
     """Relay-like data encoded as real manifest records (random group commits, a topic of
-    another pipeline mixed in): what ``pipelines.transactions._take`` makes of each record
-    (blocks where a record lies inside the proposal) cuts exactly as the scan of the
-    records does, counts the same transactions, and lists the same LSN range for the guard."""
+    another pipeline mixed in or not): what ``pipelines.transactions._read_record`` makes of
+    each record (blocks where a record lies inside the proposal, from its summary header
+    when it has one, else from its entries) cuts exactly as the scan of the records does,
+    counts the same transactions, and lists the same LSN range for the guard."""
     from offsets.cut import ListedBlock, cut_with_inside, listed_spans
     from outbox.manifest import Manifest, ManifestEntry
-    from pipelines.transactions import _decoded, _limits, _relay_ranges, _take
+    from pipelines.transactions import _decoded, _limits, _read_record, _relay_ranges, _summarized, _take
 
     rng = random.Random(11)
     ours = [("a", 0), ("a", 1), ("b", 0)]
-    blocks = reached = 0
+    blocks = reached = quick = 0
     for _ in range(300):
-        tps = [*ours, ("z", 0)]  # z: a topic this pipeline does not read
+        tps = [*ours, ("z", 0)] if other_topic else ours  # z: a topic this pipeline does not read
         cursor = {tp: 0 for tp in tps}
         events: dict[str, dict[tuple[str, int], list[int]]] = {}
         for i in range(rng.randint(1, 30)):
@@ -239,14 +258,23 @@ def test_manifest_records_read_as_blocks_give_the_scans_cut_and_guard_range() ->
             records.append(Manifest("r1", "0/0", tuple(
                 ManifestEntry(txn, sum(len(o) for o in events[txn].values()),
                               tuple((t, p, min(o), max(o), len(o)) for (t, p), o in events[txn].items()))
-                for txn in group)).encode())
+                for txn in group)))
         listed, by_relay = [], {}
-        for raw in records:
-            decoded = _decoded(raw)
-            assert decoded is not None
-            found, ids, _, _ = _take(decoded[1], _limits(intent), lambda t: t != "z", starts, ends)
+        for manifest in records:
+            record = _Record(manifest.encoded() if summary else manifest.encode())
+            relay, found, ids, _, _ = _read_record(record, _limits(intent), lambda t: t != "z", starts, ends)
+            from_summary = _summarized(record, _limits(intent), lambda t: t != "z")
+            if from_summary is not None:  # then exactly the block the entries give
+                quick += 1
+                decoded = _decoded(manifest.encode())
+                assert decoded is not None
+                (block,), block_ids, _, _ = _take(decoded[1], _limits(intent), lambda t: t != "z", starts, ends)
+                assert isinstance(block, ListedBlock)
+                assert (dict(from_summary[1].last), from_summary[1].txns, from_summary[2]) == \
+                    (dict(block.last), block.txns, block_ids)
+                assert from_summary[1].expand() == block.expand()
             listed += found
-            by_relay.setdefault(decoded[0], []).extend(ids)
+            by_relay.setdefault(relay, []).extend(ids)
         scanned = []
         for txn, where in events.items():
             mine = {tp: o for tp, o in where.items() if tp in lso}
@@ -267,3 +295,6 @@ def test_manifest_records_read_as_blocks_give_the_scans_cut_and_guard_range() ->
                    if any(tp in lso and min(o) < ends[tp] for tp, o in where.items())]
         assert _relay_ranges(by_relay) == ((("r1", min(touched), max(touched)),) if touched else ())
     assert blocks > 100 and reached > 10, (blocks, reached)  # both paths of the block were taken
+    # The summary answered for many records (those inside the proposal holding only this
+    # pipeline's topics); without it, none.
+    assert (quick > 80) if summary else quick == 0, quick
