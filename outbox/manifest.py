@@ -98,7 +98,7 @@ def encode(relay: str, end_lsn: str, entries: Iterable[tuple[str, int, tuple[Spa
     The summary (:data:`SUMMARY_HEADER`): per partition the first and last offset of any
     span, how many source transactions have more than one event, and the first and last id
     of those with events. An ingest's plan reads most records only to learn that all of
-    them lies inside its batch; the summary tells it that without decoding tens of
+    a record lies inside its batch; the summary tells it that without decoding tens of
     thousands of entries (the plan's largest cost, docs/benchmarks.md, session 25), and the
     record itself is decoded only where a cut reaches it.
     """
