@@ -193,6 +193,31 @@ def test_every_table_version_holds_whole_transactions_under_tiny_batches(
     assert {t: n for t, (n, _, _) in _txns(spark, pipeline.target).items()} == written
 
 
+def test_the_per_event_and_per_transaction_ids_are_written_without_a_dictionary(
+        spark, kafka_bootstrap: str, topic_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """infra.spark.PLAIN_ENCODED_COLUMNS reaches the Delta writer: those columns' chunks are
+    plainly encoded, while a repetitive column keeps Parquet's dictionary (the check can fail)."""
+    import pyarrow.parquet as pq
+
+    topic = topic_factory("g3enc", partitions=1)
+    src = SourceTxns(kafka_bootstrap)
+    for size in (1, 3, 2):
+        src.write([(topic, 0)] * size)
+    config = _config(kafka_bootstrap, tmp_path, [topic])
+    IngestJob(spark, config, config.pipelines[0], kafka_bootstrap).run_bounded()
+    files = sorted(Path(config.pipelines[0].target).glob("*.parquet"))
+    assert files
+    for file in files:
+        meta = pq.ParquetFile(file).metadata
+        for g in range(meta.num_row_groups):
+            chunks = {meta.row_group(g).column(c).path_in_schema: meta.row_group(g).column(c)
+                      for c in range(meta.num_columns)}
+            for path in ("_tidemark_event_id", "_tidemark_txn.id"):
+                assert not chunks[path].has_dictionary_page, f"{file.name}: {path} {chunks[path].encodings}"
+                assert not {"PLAIN_DICTIONARY", "RLE_DICTIONARY"} & set(chunks[path].encodings), path
+            assert chunks["_kafka_topic"].has_dictionary_page, f"{file.name}: {chunks['_kafka_topic'].encodings}"
+
+
 def test_dedup_quarantines_copies_and_the_audit_catches_them_without_it(
         spark, kafka_bootstrap: str, topic_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     topic = topic_factory("dedup", partitions=2)
