@@ -67,25 +67,28 @@ def header(name: str) -> Column:
 
 
 HEADERS_COLUMN = "_tidemark_headers"
-_TXN_HEADERS = {"txid": H.TXID, "lsn": H.LSN, "position": H.POSITION, "size": H.SIZE, "source": H.SOURCE}
+#: What ``tidemark_txn_headers`` reads, in the order it takes them.
+_TXN_HEADERS = (H.TXID, H.LSN, H.POSITION, H.SIZE, H.SOURCE)
 
 #: Per relay, the commit LSNs ``[low, high]`` of the source transactions a manifest read listed.
 RelayRanges = tuple[tuple[str, int, int], ...]
 
 
 def txn_headers(pipeline: PipelineConfig, fast: bool = False) -> Column:
-    """``_tidemark_headers``: the relay's transaction headers as text, and the events it counts here.
+    """``_tidemark_headers``: the record's source transaction as the relay's headers give it.
 
-    ``counted`` is the sum of ``topic_counts`` over this pipeline's topics (null when
-    the header is missing or unreadable). Read with ``from_json`` and higher-order
-    functions, which Spark evaluates interpreted, it was G3's largest per-record cost; so
-    with ``fast`` (the session has Tidemark's functions, ``infra.udfs``) one pass over the
-    headers, ``tidemark_txn_headers``, reads them all and the relay's own compact form of
-    the counts, and only a record in any other form takes ``from_json`` (the same answer
-    either way; a test holds them equal). :mod:`pipelines.transform` computes this
-    column in the projection that already parses the value; everything reading it
-    afterwards (:func:`txn_struct`, :func:`guard`) compiles to generated code. Records
-    without headers, most Kafka records, get null at the cost of one size check.
+    A struct of ``id`` (``<lsn>/<txid>``), ``position`` and ``size`` (``try_cast`` to INT),
+    ``source`` (text) and ``counted``: the sum of ``topic_counts`` over this pipeline's
+    topics (null when the header is missing or unreadable). Read with ``from_json`` and
+    higher-order functions, which Spark evaluates interpreted, it was G3's largest
+    per-record cost; so with ``fast`` (the session has Tidemark's functions,
+    ``infra.udfs``) one pass over the headers, ``tidemark_txn_headers``, reads them all and
+    the relay's own compact form of the counts, and only a record in any other form takes
+    ``from_json`` (the same answer either way; a test holds them equal).
+    :mod:`pipelines.transform` computes this column in the projection that already parses
+    the value; everything reading it afterwards (:func:`txn_struct`, :func:`guard`)
+    compiles to generated code. Records without headers, most Kafka records, get null at
+    the cost of one size check.
     """
     from pyspark.sql import functions as F
 
@@ -102,9 +105,11 @@ def txn_headers(pipeline: PipelineConfig, fast: bool = False) -> Column:
     if fast:
         # One pass over the headers; `counted` (from_json) only for counts not in the relay's form.
         return F.call_function("tidemark_txn_headers", F.col("headers"), F.lit(spec), F.lit(H.TOPIC_COUNTS),
-                               counted, *[F.lit(x) for pair in _TXN_HEADERS.items() for x in pair])
+                               counted, *[F.lit(h) for h in _TXN_HEADERS])
     return F.when(F.size("headers") > 0, F.struct(
-        *[header(h).alias(k) for k, h in _TXN_HEADERS.items()], counted.alias("counted")))
+        F.concat(header(H.LSN), F.lit("/"), header(H.TXID)).alias("id"),
+        header(H.POSITION).try_cast("int").alias("position"), header(H.SIZE).try_cast("int").alias("size"),
+        header(H.SOURCE).alias("source"), counted.alias("counted")))
 
 
 def txn_struct() -> Column:
@@ -112,13 +117,11 @@ def txn_struct() -> Column:
     from pyspark.sql import functions as F
 
     h = F.col(HEADERS_COLUMN)
-    position = F.expr(f"try_cast({HEADERS_COLUMN}.position AS INT)")
-    size = F.expr(f"try_cast({HEADERS_COLUMN}.size AS INT)")
     # Without a readable per-topic count, every event is expected here.
-    expected = F.coalesce(h["counted"], size)
-    valid = h["txid"].isNotNull() & h["lsn"].isNotNull() & position.isNotNull() & size.isNotNull() & (size > 0)
+    expected = F.coalesce(h["counted"], h["size"])
+    valid = h["id"].isNotNull() & h["position"].isNotNull() & (h["size"] > 0)
     return F.when(valid, F.struct(
-        F.concat(h["lsn"], F.lit("/"), h["txid"]).alias("id"), position.alias("position"), size.alias("size"),
+        h["id"].alias("id"), h["position"].alias("position"), h["size"].alias("size"),
         expected.alias("expected"), F.lit(False).alias("released")))
 
 

@@ -173,11 +173,17 @@ def test_txn_headers_refuses_what_it_cannot_read(spark) -> None:  # type: ignore
         return spark.range(1).select(F.call_function("tidemark_txn_headers", headers, topics, F.lit("counts"),
                                                      F.lit(0), *rest)).collect()
 
-    headers = F.array(F.struct(F.lit("txid").alias("key"), F.lit("7").cast("binary").alias("value")))
-    assert call(headers, F.lit("Lt"), F.lit("txid"), F.lit("txid"))[0][0].asDict() == {"txid": "7", "counted": None}
+    names = [F.lit(n) for n in ("txid", "lsn", "position", "size", "source")]
+
+    def pair(key: str, value: str):  # type: ignore[no-untyped-def]
+        return F.struct(F.lit(key).alias("key"), F.lit(value).cast("binary").alias("value"))
+
+    headers = F.array(pair("txid", "7"), pair("lsn", "0/A"), pair("position", " 1 "), pair("size", "x"))
+    assert call(headers, F.lit("Lt"), *names)[0][0].asDict() == {
+        "id": "0/A/7", "position": 1, "size": None, "source": None, "counted": None}
     with pytest.raises(AnalysisException, match="the headers must be Kafka's"):
-        call(F.array(F.lit("txid")), F.lit("Lt"), F.lit("txid"), F.lit("txid"))
+        call(F.array(F.lit("txid")), F.lit("Lt"), *names)
     with pytest.raises(IllegalArgumentException, match="must be a constant string"):
-        call(headers, F.col("id").cast("string"), F.lit("txid"), F.lit("txid"))
-    with pytest.raises(IllegalArgumentException, match=r"\(name, header\) pairs"):
+        call(headers, F.col("id").cast("string"), *names)
+    with pytest.raises(IllegalArgumentException, match="9 arguments"):
         call(headers, F.lit("Lt"), F.lit("txid"))

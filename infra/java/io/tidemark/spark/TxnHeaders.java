@@ -15,21 +15,25 @@ import scala.collection.immutable.Seq;
 import scala.runtime.AbstractFunction1;
 
 /**
- * {@code tidemark_txn_headers(headers, topics, counts_header, fallback, field1, header1, field2, header2, ...)}:
- * a record's transaction headers in one pass over its Kafka headers.
+ * {@code tidemark_txn_headers(headers, topics, counts_header, fallback, txid, lsn, position, size, source)}:
+ * a record's source transaction, read from its Kafka headers in one pass.
  *
- * <p>The result is a struct of each named header's first value as text (null when the header
- * is missing or its value is null), in field order, then {@code counted}: what
- * {@link TopicCount} reads from the first {@code counts_header} for the pipeline's
- * {@code topics} (null without one). When that header is not in the relay's form, the
- * {@code fallback} expression (from_json's answer, built by the caller) is evaluated for the
- * record instead; only then. Records with no headers give null.
+ * <p>The result is a struct: {@code id}, the first {@code lsn} and {@code txid} header values
+ * joined as {@code <lsn>/<txid>} (null without either); {@code position} and {@code size}, the
+ * first values of those headers read as {@code try_cast(... AS INT)} reads text (null when
+ * missing or unreadable); {@code source}, the first value of that header as text; then
+ * {@code counted}: what {@link TopicCount} reads from the first {@code counts_header} for the
+ * pipeline's {@code topics} (null without one). When that header is not in the relay's form,
+ * the {@code fallback} expression (from_json's answer, built by the caller) is evaluated for
+ * the record instead; only then. Records with no headers give null.
  *
  * <p>Why: each header looked up with Spark's own functions ({@code headers.key},
  * {@code array_position}, {@code headers.value}, {@code get}) copies the record's header keys
  * and values into two new arrays, six headers a record, inside a conditional the optimiser
  * does not share work across; and that code, per header, is what the JIT compiles. Here each
- * record's headers are read once, in place. pipelines/transactions.py builds the same column
+ * record's headers are read once, in place, and the id and the numbers leave already made:
+ * the row between the read and the write carries one string fewer, and the write stage no
+ * longer joins the id or parses the numbers. pipelines/transactions.py builds the same column
  * without it for a session that lacks Tidemark's classes; a test holds the two equal.
  */
 public final class TxnHeaders extends TidemarkExpression {
@@ -40,16 +44,27 @@ public final class TxnHeaders extends TidemarkExpression {
     private final Expression fallback;
     private final String spec;
     private final String countsHeader;
-    private final String[] fields;
     private final String[] names;
     private final Seq<Expression> arguments;
-    private final StructType type;
     private transient volatile Lookup lookup;
 
     /** The type of the Kafka source's {@code headers} column, which {@link #eval} reads in place. */
     private static final DataType HEADERS = DataTypes.createArrayType(DataTypes.createStructType(new StructField[] {
         DataTypes.createStructField("key", DataTypes.StringType, true),
         DataTypes.createStructField("value", DataTypes.BinaryType, true)}));
+
+    /** The result's fields, in order; the headers named by the arguments fill the first five. */
+    private static final StructType TYPE = DataTypes.createStructType(new StructField[] {
+        DataTypes.createStructField("id", DataTypes.StringType, true),
+        DataTypes.createStructField("position", DataTypes.IntegerType, true),
+        DataTypes.createStructField("size", DataTypes.IntegerType, true),
+        DataTypes.createStructField("source", DataTypes.StringType, true),
+        DataTypes.createStructField("counted", DataTypes.IntegerType, true)});
+
+    /** Where each header named by the arguments is in {@link Lookup#keys}; {@code NAMED} of them. */
+    private static final int TXID = 0, LSN = 1, POSITION = 2, SIZE = 3, SOURCE = 4, NAMED = 5;
+
+    private static final UTF8String SLASH = UTF8String.fromString("/");
 
     /** What the constants become on an executor, built once there and never changed. */
     private static final class Lookup {
@@ -67,20 +82,13 @@ public final class TxnHeaders extends TidemarkExpression {
         }
     }
 
-    private TxnHeaders(Seq<Expression> arguments, String spec, String countsHeader, String[] fields, String[] names) {
+    private TxnHeaders(Seq<Expression> arguments, String spec, String countsHeader, String[] names) {
         this.arguments = arguments;
         this.headers = arguments.apply(0);
         this.fallback = arguments.apply(3);
         this.spec = spec;
         this.countsHeader = countsHeader;
-        this.fields = fields;
         this.names = names;
-        StructField[] columns = new StructField[fields.length + 1];
-        for (int i = 0; i < fields.length; i++) {
-            columns[i] = DataTypes.createStructField(fields[i], DataTypes.StringType, true);
-        }
-        columns[fields.length] = DataTypes.createStructField("counted", DataTypes.IntegerType, true);
-        this.type = DataTypes.createStructType(columns);
     }
 
     public static void register(SparkSession spark) {
@@ -94,12 +102,12 @@ public final class TxnHeaders extends TidemarkExpression {
         @Override
         public Expression apply(Seq<Expression> args) {
             int n = args.size();
-            if (n < 4 || n % 2 == 1) {
-                throw new IllegalArgumentException(NAME + "(headers, topics, counts_header, fallback, field, header, "
-                    + "...): the arguments but the headers and the fallback come as constants, the fields in "
-                    + "(name, header) pairs");
+            if (n != 4 + NAMED) {
+                throw new IllegalArgumentException(NAME + "(headers, topics, counts_header, fallback, txid, lsn, "
+                    + "position, size, source): " + (4 + NAMED) + " arguments, all but the headers and the "
+                    + "fallback constants");
             }
-            String[] constants = new String[n - 1];
+            String[] constants = new String[n];
             for (int i = 1; i < n; i++) {
                 if (i == 3) {
                     continue;
@@ -109,16 +117,9 @@ public final class TxnHeaders extends TidemarkExpression {
                 if (value == null) {
                     throw new IllegalArgumentException(NAME + ": argument " + (i + 1) + " must be a constant string");
                 }
-                constants[i - 1] = value.toString();
+                constants[i] = value.toString();
             }
-            int k = (n - 4) / 2;
-            String[] fields = new String[k];
-            String[] names = new String[k];
-            for (int i = 0; i < k; i++) {
-                fields[i] = constants[3 + 2 * i];
-                names[i] = constants[4 + 2 * i];
-            }
-            return new TxnHeaders(args, constants[0], constants[1], fields, names);
+            return new TxnHeaders(args, constants[1], constants[2], java.util.Arrays.copyOfRange(constants, 4, n));
         }
     }
 
@@ -140,8 +141,8 @@ public final class TxnHeaders extends TidemarkExpression {
         }
         UTF8String[] keys = found.keys;
         UTF8String countsKey = found.counts;
-        Object[] values = new Object[keys.length + 1];
-        boolean[] seen = new boolean[keys.length];
+        UTF8String[] values = new UTF8String[NAMED];
+        boolean[] seen = new boolean[NAMED];
         boolean countsSeen = false;
         UTF8String counts = null;
         for (int i = 0; i < n; i++) {
@@ -153,7 +154,7 @@ public final class TxnHeaders extends TidemarkExpression {
                 continue;
             }
             UTF8String key = header.getUTF8String(0);
-            for (int j = 0; j < keys.length; j++) {
+            for (int j = 0; j < NAMED; j++) {
                 if (!seen[j] && keys[j].equals(key)) {
                     seen[j] = true;
                     values[j] = header.isNullAt(1) ? null : UTF8String.fromBytes(header.getBinary(1));
@@ -164,11 +165,30 @@ public final class TxnHeaders extends TidemarkExpression {
                 counts = header.isNullAt(1) ? null : UTF8String.fromBytes(header.getBinary(1));
             }
         }
+        Object[] result = new Object[5];
+        if (values[LSN] != null && values[TXID] != null) {
+            result[0] = UTF8String.concat(values[LSN], SLASH, values[TXID]);
+        }
+        result[1] = integer(values[POSITION]);
+        result[2] = integer(values[SIZE]);
+        result[3] = values[SOURCE];
         if (counts != null) {
             int counted = TopicCount.count(counts.toString(), found.topics);
-            values[keys.length] = counted == -1 ? fallback.eval(row) : (Object) counted;
+            result[4] = counted == -1 ? fallback.eval(row) : (Object) counted;
         }
-        return new GenericInternalRow(values);
+        return new GenericInternalRow(result);
+    }
+
+    /** {@code try_cast(text AS INT)}: Spark's own reading of the text (the one its cast calls), or null. */
+    private static Integer integer(UTF8String text) {
+        if (text == null) {
+            return null;
+        }
+        try {
+            return text.toIntExact();
+        } catch (NumberFormatException e) {
+            return null;
+        }
     }
 
     @Override
@@ -191,7 +211,7 @@ public final class TxnHeaders extends TidemarkExpression {
 
     @Override
     public DataType dataType() {
-        return type;
+        return TYPE;
     }
 
     @Override
@@ -201,7 +221,7 @@ public final class TxnHeaders extends TidemarkExpression {
 
     @Override
     public Expression withNewChildrenInternal(scala.collection.immutable.IndexedSeq<Expression> children) {
-        return new TxnHeaders(children, spec, countsHeader, fields, names);
+        return new TxnHeaders(children, spec, countsHeader, names);
     }
 
     @Override
