@@ -296,6 +296,7 @@ def test_the_planning_scan_reads_headers_as_the_table_column_does(spark, kafka_b
         [*good, (H.TOPIC_COUNTS, json.dumps({topic: 2}).encode()), (H.TOPIC_COUNTS, b"{}")],  # first one counts
         # The relay's compact sorted form, read by tidemark_txn_headers; near misses go to from_json.
         [*good, (H.TOPIC_COUNTS, json.dumps({other: 1, topic: 2}, separators=(",", ":")).encode())],
+        [*good, (H.TOPIC_COUNTS, json.dumps({other: 1, topic: 2}, separators=(",", ":")).encode())],  # remembered
         [*good, (H.TOPIC_COUNTS, f'{{"{topic}":2,"{other}":1}}'.encode())],  # unsorted
         [*good, (H.TOPIC_COUNTS, f'{{"{topic}":02}}'.encode())],             # a leading zero
         [*good, (H.TOPIC_COUNTS, f'{{"{topic}":-1}}'.encode())],             # negative
