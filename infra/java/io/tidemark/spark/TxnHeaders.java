@@ -79,8 +79,9 @@ public final class TxnHeaders extends TidemarkExpression {
          * TopicCount's answer per counts header value in the relay's form. Every event of a
          * source transaction carries the same value, and a relay's transactions repeat a few
          * shapes, so most records find theirs here instead of decoding the header to a Java
-         * string and hashing each topic name in it again (about 4 % of a G3 batch's task time in a profile).
-         * Concurrent because the expression may be shared by a task's threads; bounded.
+         * string and hashing each topic name in it again (about half of this expression's
+         * time in a profile, docs/benchmarks.md). Concurrent because the expression may be
+         * shared by a task's threads; bounded.
          */
         final ConcurrentHashMap<UTF8String, Integer> counted = new ConcurrentHashMap<>();
 
