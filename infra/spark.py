@@ -25,8 +25,9 @@ LOG_STORE = "io.tidemark.delta.LocalListingLogStore"
 #: one per source transaction. Parquet's writer dictionary-encodes every column until the
 #: dictionary passes 1 MiB, then re-encodes what it buffered plainly; on these columns
 #: that work never pays: hashing and comparing every value, then writing it twice. With
-#: them plainly encoded a 200,000-event G3 batch took 0.16-0.29 s less (medians of 4-6
-#: alternating runs, docs/benchmarks.md, session 26). Readers see ordinary Parquet.
+#: the transaction id plainly encoded a 200,000-event G3 batch took 0.16-0.29 s less
+#: (medians of 4-6 alternating runs, docs/benchmarks.md, session 26). Readers see ordinary
+#: Parquet.
 PLAIN_ENCODED_COLUMNS = ("_tidemark_event_id", "_tidemark_txn.id")
 
 if TYPE_CHECKING:
