@@ -1,22 +1,22 @@
 """What the broker says about partitions: which exist, where they start, where they end.
 
 Under read_committed the end of a partition is its **last stable offset** (LSO), not its
-high watermark: ``get_watermark_offsets(cached=False)`` on a read_committed consumer asks
-the broker and returns the LSO. A start offset below a partition's log-start offset
-means records were deleted by retention before we read them; that is data loss and is
-raised as :class:`RetentionLossError`, never skipped.
+high watermark: ``ListOffsets`` for the latest offset at ``READ_COMMITTED`` returns it. A
+start offset below a partition's log-start offset means records were deleted by retention
+before we read them; that is data loss and is raised as :class:`RetentionLossError`,
+never skipped.
 """
 
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import NewType, Self
+from typing import Any, NewType, Self
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from tidemark.errors import ServiceUnavailableError, TerminalError
 
@@ -46,7 +46,13 @@ class PartitionBounds:
 
 
 class KafkaAdmin:
-    """A read_committed consumer used only for metadata and offset look-ups.
+    """Metadata and offset look-ups, by an AdminClient.
+
+    Every partition's end is asked for in one ``ListOffsets`` request per leader, not one
+    partition after another: a batch's ends are a snapshot of one instant. Taken partition by
+    partition (tens of milliseconds apart), a relay's Kafka transaction that committed in
+    between showed in some partitions and not in others, and its source transactions,
+    split by the snapshot, waited a whole batch for the next (G3).
 
     ``isolation="read_uncommitted"`` makes :meth:`bounds` give the high watermark instead of
     the LSO: where open transactions' records end.
@@ -54,16 +60,15 @@ class KafkaAdmin:
 
     def __init__(self, client_config: Mapping[str, str], *, timeout: float = 15.0,
                  isolation: str = "read_committed") -> None:
+        levels = {"read_committed": IsolationLevel.READ_COMMITTED, "read_uncommitted": IsolationLevel.READ_UNCOMMITTED}
+        if isolation not in levels:
+            raise ValueError(f"isolation must be one of {sorted(levels)}, not {isolation!r}")
         self.timeout = timeout
-        self._consumer = Consumer({
-            **client_config,
-            "group.id": f"tidemark-admin-{uuid.uuid4().hex[:8]}",
-            "isolation.level": isolation,
-            "enable.auto.commit": False,
-        })
+        self._isolation = levels[isolation]
+        self._admin = AdminClient(dict(client_config))
 
     def close(self) -> None:
-        self._consumer.close()
+        self._admin.poll(0)  # serves the client's log lines (a `logger` in its config) before it goes
 
     def __enter__(self) -> Self:
         return self
@@ -71,11 +76,14 @@ class KafkaAdmin:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def topics_matching(self, topics: Iterable[str] = (), pattern: str | None = None) -> list[str]:
+    def _metadata(self, topic: str | None = None) -> Any:
         try:
-            metadata = self._consumer.list_topics(timeout=self.timeout)
+            return self._admin.list_topics(topic, timeout=self.timeout)
         except KafkaException as exc:
             raise ServiceUnavailableError(f"Kafka metadata request failed: {exc}") from exc
+
+    @staticmethod
+    def _matching(metadata: Any, topics: Iterable[str], pattern: str | None) -> list[str]:
         existing = {name for name in metadata.topics if not name.startswith("__")}
         if pattern is not None:
             regex = re.compile(pattern)
@@ -86,44 +94,56 @@ class KafkaAdmin:
             raise TerminalError(f"source topic(s) do not exist: {', '.join(missing)}; create them or fix `topics`")
         return sorted(wanted)
 
+    @staticmethod
+    def _partitions_of(metadata: Any, topic: str) -> list[TP]:
+        md = metadata.topics[topic]
+        if md.error is not None:
+            raise ServiceUnavailableError(f"Kafka metadata for {topic}: {md.error}")
+        return [(topic, p) for p in sorted(md.partitions)]
+
+    def topics_matching(self, topics: Iterable[str] = (), pattern: str | None = None) -> list[str]:
+        return self._matching(self._metadata(), topics, pattern)
+
     def partitions(self, topics: Iterable[str]) -> list[TP]:
         out: list[TP] = []
         for topic in topics:
-            try:
-                md = self._consumer.list_topics(topic, timeout=self.timeout).topics[topic]
-            except KafkaException as exc:
-                raise ServiceUnavailableError(f"Kafka metadata for {topic} failed: {exc}") from exc
-            if md.error is not None:
-                raise ServiceUnavailableError(f"Kafka metadata for {topic}: {md.error}")
-            out += [(topic, p) for p in sorted(md.partitions)]
+            out += self._partitions_of(self._metadata(topic), topic)
         return out
 
+    def partitions_matching(self, topics: Iterable[str] = (), pattern: str | None = None) -> list[TP]:
+        """:meth:`partitions` of :meth:`topics_matching`, from one metadata request."""
+        metadata = self._metadata()
+        return [tp for topic in self._matching(metadata, topics, pattern) for tp in self._partitions_of(metadata, topic)]
+
+    def _offsets(self, partitions: list[TP], spec: Any) -> Mapping[TP, Any]:
+        """Futures of ``spec``'s offset per partition: one request per leader, sent now."""
+        futures = self._admin.list_offsets({TopicPartition(t, p): spec for t, p in partitions},
+                                           isolation_level=self._isolation, request_timeout=self.timeout)
+        return {(tp.topic, tp.partition): future for tp, future in futures.items()}
+
+    @staticmethod
+    def _offset(futures: Mapping[TP, Any], tp: TP) -> int:
+        try:
+            return int(futures[tp].result().offset)
+        except KafkaException as exc:
+            raise ServiceUnavailableError(f"offsets of {tp[0]}[{tp[1]}] unavailable: {exc}") from exc
+
     def bounds(self, partitions: Iterable[TP]) -> dict[TP, PartitionBounds]:
-        """Log-start offset and LSO of each partition, fresh from the leaders."""
-        out: dict[TP, PartitionBounds] = {}
-        for topic, partition in partitions:
-            try:
-                low, lso = self._consumer.get_watermark_offsets(
-                    TopicPartition(topic, partition), timeout=self.timeout, cached=False)
-            except KafkaException as exc:
-                raise ServiceUnavailableError(f"offsets of {topic}[{partition}] unavailable: {exc}") from exc
-            out[(topic, partition)] = PartitionBounds(int(low), int(lso))
-        return out
+        """Log-start offset and LSO of each partition, fresh from the leaders; the LSOs of one instant."""
+        parts = list(dict.fromkeys(partitions))
+        if not parts:
+            return {}
+        ends = self._offsets(parts, OffsetSpec.latest())
+        starts = self._offsets(parts, OffsetSpec.earliest())
+        return {tp: PartitionBounds(self._offset(starts, tp), self._offset(ends, tp)) for tp in parts}
 
     def offsets_for_time(self, partitions: Iterable[TP], when: datetime) -> dict[TP, int]:
         """First offset at or after ``when`` per partition; the LSO where nothing is that late."""
-        parts = list(partitions)
-        millis = int(when.timestamp() * 1000)
-        query = [TopicPartition(t, p, millis) for t, p in parts]
-        try:
-            found = self._consumer.offsets_for_times(query, timeout=self.timeout)
-        except KafkaException as exc:
-            raise ServiceUnavailableError(f"offsets_for_times failed: {exc}") from exc
+        parts = list(dict.fromkeys(partitions))
+        found = self._offsets(parts, OffsetSpec.for_timestamp(int(when.timestamp() * 1000)))
         bounds = self.bounds(parts)
-        return {
-            (tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else bounds[(tp.topic, tp.partition)].stable_end)
-            for tp in found
-        }
+        offsets = {tp: self._offset(found, tp) for tp in parts}
+        return {tp: offset if offset >= 0 else bounds[tp].stable_end for tp, offset in offsets.items()}
 
 
 def check_retention(starts: Mapping[TP, int], bounds: Mapping[TP, PartitionBounds]) -> None:

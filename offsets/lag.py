@@ -32,8 +32,7 @@ class PartitionLag:
 def partition_lags(client_config: Mapping[str, Any], pipeline: PipelineConfig,
                    committed: Mapping[TP, int]) -> list[PartitionLag]:
     with KafkaAdmin(dict(client_config)) as admin:
-        topics = admin.topics_matching(pipeline.topics, pipeline.topic_pattern)
-        bounds = admin.bounds(admin.partitions(topics))
+        bounds = admin.bounds(admin.partitions_matching(pipeline.topics, pipeline.topic_pattern))
     lags = []
     for (topic, part), b in sorted(bounds.items()):
         done = committed.get((topic, part))

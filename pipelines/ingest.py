@@ -68,6 +68,8 @@ class IngestJob:
         self.kafka_options = spark_options(kafka, bootstrap)
         self._manifest_reads: transactions.ManifestConsumers | None = None
         """The consumers this run's manifest reads share (:meth:`_run_scope`)."""
+        self._admin: KafkaAdmin | None = None
+        """The admin client this run's snapshots share (:meth:`_run_scope`)."""
         self._listed: dict[int, transactions.RelayRanges] = {}
         """Per batch cut from the manifest: what it listed (its write's guard lets those transactions be)."""
         self.protocol = CommitProtocol(
@@ -138,10 +140,11 @@ class IngestJob:
         return revised
 
     def snapshot(self) -> dict[TP, PartitionBounds]:
-        """Every source partition with its log-start offset and LSO, now."""
+        """Every source partition with its log-start offset and LSO, now (the LSOs of one instant)."""
+        if self._admin is not None:
+            return self._admin.bounds(self._admin.partitions_matching(self.pipeline.topics, self.pipeline.topic_pattern))
         with KafkaAdmin(self.client_config) as admin:
-            topics = admin.topics_matching(self.pipeline.topics, self.pipeline.topic_pattern)
-            return admin.bounds(admin.partitions(topics))
+            return admin.bounds(admin.partitions_matching(self.pipeline.topics, self.pipeline.topic_pattern))
 
     def _new_partition_starts(self, partitions: list[TP], bounds: Mapping[TP, PartitionBounds],
                               known: bool) -> Mapping[TP, int]:
@@ -182,15 +185,20 @@ class IngestJob:
     @contextmanager
     def _run_scope(self) -> Iterator[None]:
         """What the batches of the outermost run (one :meth:`run_to`, or all of :meth:`follow`) share:
-        the manifest's consumers, started at the first read and closed when the run ends."""
+        the manifest's consumers, started at the first read and closed when the run ends, and
+        the admin client its snapshots ask (a follower's snapshot is then one metadata and one
+        offsets round trip, not a new client's connection)."""
         if self._manifest_reads is not None:
             yield
             return
         self._manifest_reads = transactions.ManifestConsumers(self.client_config)
+        self._admin = KafkaAdmin(self.client_config)
         try:
             yield
         finally:
             reads, self._manifest_reads = self._manifest_reads, None
+            admin, self._admin = self._admin, None
+            admin.close()
             reads.close()
 
     def _run_to(self, bounds: Mapping[TP, PartitionBounds], stop: threading.Event | None) -> IngestReport:
