@@ -38,9 +38,10 @@ def spark_conf(settings: Settings, *, warehouse: Path | None = None) -> dict[str
     """Every Spark setting Tidemark relies on, as a plain dict (also used by spark-submit docs)."""
     spark_jars = jar_cache.resolve(settings.home_dir, "spark")
     home = settings.home_dir
+    tidemark_jar = udfs.build(home)  # with udfs.fs_jar_path(home) beside it
     conf = {
         "spark.master": settings.spark.master,
-        "spark.jars": ",".join(str(j) for j in [*spark_jars.jars, udfs.build(home)]),
+        "spark.jars": ",".join(str(j) for j in [*spark_jars.jars, tidemark_jar]),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.driver.memory": settings.spark.driver_memory,
@@ -65,6 +66,12 @@ def spark_conf(settings: Settings, *, warehouse: Path | None = None) -> dict[str
     if settings.spark.master.startswith("local"):
         conf["spark.driver.bindAddress"] = "127.0.0.1"
         conf["spark.driver.host"] = "127.0.0.1"
+        # Local paths without a process per chmod and per link check (io.tidemark.fs): Hadoop
+        # loads its file system before `spark.jars`, so from the JVM's own class path, which in
+        # local mode is the executors' too.
+        conf["spark.driver.extraClassPath"] = str(udfs.fs_jar_path(home))
+        conf["spark.hadoop.fs.file.impl"] = "io.tidemark.fs.NioLocalFileSystem"
+        conf["spark.hadoop.fs.AbstractFileSystem.file.impl"] = "io.tidemark.fs.NioLocalFs"
     return conf
 
 

@@ -13,7 +13,9 @@ generated code (``tidemark_batch_constant``: one compiled write stage for every 
 long-lived session instead of one per batch), and Delta's log store for local paths
 (``io.tidemark.delta.LocalListingLogStore``: lists ``_delta_log`` by name before asking
 for the status of the few it returns: 0.03 s instead of 0.45 s a snapshot update at
-10,000 commits; see docs/design.md, "Months of history"). The jar is keyed by a hash of the sources, built
+10,000 commits; see docs/design.md, "Months of history"), and Hadoop's local file system
+without a process per ``chmod`` and per link check (``io.tidemark.fs``, in a jar of its
+own on the JVM's class path: Hadoop loads it before ``spark.jars``). The jar is keyed by a hash of the sources, built
 with the JDK's ``javac`` and ``jar`` against pyspark's and delta-storage's jars, so it
 needs no network.
 """
@@ -52,10 +54,20 @@ def jar_path(home: Path) -> Path:
     return home / "jars" / f"udf-{digest.hexdigest()[:12]}" / "tidemark-udf.jar"
 
 
+#: Classes Hadoop itself loads (``fs.file.impl``), packed alone as well: they need Hadoop only.
+FS_PACKAGE = "io/tidemark/fs"
+
+
+def fs_jar_path(home: Path) -> Path:
+    """The jar of :data:`FS_PACKAGE`'s classes, beside the full one (built with it)."""
+    return jar_path(home).with_name("tidemark-fs.jar")
+
+
 def build(home: Path) -> Path:
-    """The classes' jar, compiling it first if the cache lacks this version of the sources."""
+    """The classes' jar, compiling it first if the cache lacks this version of the sources
+    (with :func:`fs_jar_path` beside it)."""
     target = jar_path(home)
-    if target.exists():
+    if target.exists() and fs_jar_path(home).exists():
         return target
     javac, jar = shutil.which("javac"), shutil.which("jar")
     if javac is None or jar is None:
@@ -73,16 +85,19 @@ def build(home: Path) -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         classes = Path(tmp) / "classes"
         steps = [[javac, "--release", "17", "-cp", classpath, "-d", str(classes), *map(str, _sources())],
-                 [jar, "cf", str(Path(tmp) / "out.jar"), "-C", str(classes), "."]]
+                 [jar, "cf", str(Path(tmp) / "out.jar"), "-C", str(classes), "."],
+                 [jar, "cf", str(Path(tmp) / "fs.jar"), "-C", str(classes), FS_PACKAGE]]
         for cmd in steps:
             proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if proc.returncode != 0:
                 raise StackError(f"building Tidemark's Spark classes failed ({Path(cmd[0]).name}):\n"
                                  f"{(proc.stdout + proc.stderr).strip()[-2000:]}")
         target.parent.mkdir(parents=True, exist_ok=True)
-        staged = target.with_name(f".{target.name}.{os.getpid()}")
-        shutil.copyfile(Path(tmp) / "out.jar", staged)
-        os.replace(staged, target)  # atomic: a concurrent session never sees half a jar
+        # The full jar last: its presence says both are there. Each atomic: a concurrent session never sees half a jar.
+        for built, final in ((Path(tmp) / "fs.jar", fs_jar_path(home)), (Path(tmp) / "out.jar", target)):
+            staged = final.with_name(f".{final.name}.{os.getpid()}")
+            shutil.copyfile(built, staged)
+            os.replace(staged, final)
     return target
 
 
