@@ -9,8 +9,8 @@ from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from connectors.admin import KafkaAdmin
-from tidemark.errors import ServiceUnavailableError, TerminalError
 from tests.kafka_helpers import transactional_producer
+from tidemark.errors import ServiceUnavailableError, TerminalError
 
 
 def test_bounds_are_the_log_start_and_the_lso_below_an_open_transaction(kafka_bootstrap: str,  # type: ignore[no-untyped-def]

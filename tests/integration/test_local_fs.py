@@ -24,7 +24,7 @@ def test_the_sessions_local_file_systems_are_tidemarks(spark) -> None:  # type: 
 
 
 def test_permissions_are_set_as_hadoop_sets_them(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    jvm, conf, fs = _hadoop(spark)
+    _, conf, fs = _hadoop(spark)
     local = fs.FileSystem.getLocal(conf)
     perm = fs.permission.FsPermission.createImmutable
     made = tmp_path / "made.bin"
