@@ -146,8 +146,15 @@ def revisions(data: dict[str, Any]) -> Figure:
                            f"head {data.get('head', '')}".strip(): [medians["head"][k] for k in keys]}, "")
 
 
+def local_fs(data: dict[str, Any]) -> Figure:
+    medians = data["medians"]
+    return _grouped(f"A {data['rows']:,}-row Delta append (Tidemark's / Hadoop's wall "
+                    f"{data['ratio_wall_tidemark_vs_hadoop']:.2f}×)", ["wall s", "CPU s"],
+                    {name: [m["wall_s"], m["cpu_s"]] for name, m in medians.items()}, "seconds")
+
+
 CHARTS: dict[str, Callable[[dict[str, Any]], Figure]] = {
-    "revisions": revisions,
+    "revisions": revisions, "local_fs_bench": local_fs,
     "reader_reuse_bench": reader_reuse, "ingest_bench": ingest, "serve_bench": serve, "history_properties": history_properties,
     "relay_bench": relay, "g3_bench": g3, "freshness_bench": freshness, "position_bench": position,
     "status_bench": status, "history_bench": history, "history_day": history_day,
