@@ -76,9 +76,9 @@ class KafkaAdmin:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _metadata(self, topic: str | None = None) -> Any:
+    def _metadata(self) -> Any:
         try:
-            return self._admin.list_topics(topic, timeout=self.timeout)
+            return self._admin.list_topics(timeout=self.timeout)
         except KafkaException as exc:
             raise ServiceUnavailableError(f"Kafka metadata request failed: {exc}") from exc
 
@@ -104,14 +104,8 @@ class KafkaAdmin:
     def topics_matching(self, topics: Iterable[str] = (), pattern: str | None = None) -> list[str]:
         return self._matching(self._metadata(), topics, pattern)
 
-    def partitions(self, topics: Iterable[str]) -> list[TP]:
-        out: list[TP] = []
-        for topic in topics:
-            out += self._partitions_of(self._metadata(topic), topic)
-        return out
-
     def partitions_matching(self, topics: Iterable[str] = (), pattern: str | None = None) -> list[TP]:
-        """:meth:`partitions` of :meth:`topics_matching`, from one metadata request."""
+        """Every partition of :meth:`topics_matching`, from the same metadata request."""
         metadata = self._metadata()
         return [tp for topic in self._matching(metadata, topics, pattern) for tp in self._partitions_of(metadata, topic)]
 

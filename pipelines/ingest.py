@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -141,9 +141,7 @@ class IngestJob:
 
     def snapshot(self) -> dict[TP, PartitionBounds]:
         """Every source partition with its log-start offset and LSO, now (the LSOs of one instant)."""
-        if self._admin is not None:
-            return self._admin.bounds(self._admin.partitions_matching(self.pipeline.topics, self.pipeline.topic_pattern))
-        with KafkaAdmin(self.client_config) as admin:
+        with nullcontext(self._admin) if self._admin is not None else KafkaAdmin(self.client_config) as admin:
             return admin.bounds(admin.partitions_matching(self.pipeline.topics, self.pipeline.topic_pattern))
 
     def _new_partition_starts(self, partitions: list[TP], bounds: Mapping[TP, PartitionBounds],
