@@ -31,7 +31,7 @@ CONTENDERS = ("hadoop", "tidemark")
 
 
 def child(contender: str, rows: int, appends: int) -> dict[str, object]:
-    """One contender in this process: per-append wall and CPU seconds, and processes started."""
+    """One contender in this process: its file system and the median wall and CPU seconds of an append."""
     from infra.spark import build_session
     from tidemark.settings import load_settings
 
