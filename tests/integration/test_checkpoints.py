@@ -86,6 +86,40 @@ def test_a_warmed_snapshot_is_the_one_the_next_append_checks_its_txn_against(spa
     assert spark.read.format("delta").load(table).count() == 701 and txn_version(table, "p") == 8
 
 
+def test_the_warm_up_computes_in_its_own_settings_and_leaves_the_callers_as_they_were(  # type: ignore[no-untyped-def]
+        spark, tmp_path: Path) -> None:
+    """The state is computed under ``WARM_SETTINGS`` in a copy of the session (Delta builds it in
+    the thread's active session), and the thread's active session is put back: on the caller's
+    thread the caller's session, on a new thread none; the caller's own settings never change."""
+    import threading
+
+    from offsets.tables import WARM_SETTINGS, cached_snapshot, warm_snapshot
+
+    table = str(tmp_path / "s")
+    for batch in range(1, 4):
+        _append(spark, table, batch)
+    sessions = spark._jvm.org.apache.spark.sql.SparkSession
+    ours = {key: spark.conf.get(key, None) for key in WARM_SETTINGS}
+    assert ours != WARM_SETTINGS
+    seen: list[object] = []
+
+    def warm_on_a_thread() -> None:
+        before = sessions.getActiveSession().isDefined()
+        seen.append(warm_snapshot(spark, table))
+        seen.append((before, sessions.getActiveSession().isDefined()))
+
+    thread = threading.Thread(target=warm_on_a_thread)
+    thread.start()
+    thread.join(120)
+    assert seen == [2, (False, False)]  # versions 0-2
+    assert cached_snapshot(spark, table).stateReconstructionTriggered()
+    assert sessions.getActiveSession().get().equals(spark._jsparkSession)
+    assert {key: spark.conf.get(key, None) for key in WARM_SETTINGS} == ours
+    _append(spark, table, 4)
+    assert warm_snapshot(spark, table) == 3 and sessions.getActiveSession().get().equals(spark._jsparkSession)
+    assert cached_snapshot(spark, table).transactions().get("p").get() == 4 == txn_version(table, "p")
+
+
 def test_the_warm_up_runs_only_where_the_session_outlives_the_batch_and_is_waited_for(  # type: ignore[no-untyped-def]
         spark, monkeypatch) -> None:
     """``keep_warm`` off (a standalone run about to stop its session): no thread. On: one warm-up
