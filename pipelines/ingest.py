@@ -23,7 +23,7 @@ from offsets.ledger import Intent
 from offsets.protocol import BatchResult, CommitProtocol
 from pipelines import transactions
 from pipelines.dedup import table_version
-from pipelines.transform import frames
+from pipelines.transform import FrameColumns, frame_columns, frames
 from tidemark.config import PipelineConfig, TidemarkConfig
 from tidemark.errors import ConfigError, TidemarkError
 
@@ -70,13 +70,16 @@ class IngestJob:
         """The consumers this run's manifest reads share (:meth:`_run_scope`)."""
         self._admin: KafkaAdmin | None = None
         """The admin client this run's snapshots share (:meth:`_run_scope`)."""
+        self._columns: FrameColumns | None = None
+        """The pipeline's batch-independent columns in this session, built by the first batch."""
         self._listed: dict[int, transactions.RelayRanges] = {}
         """Per batch cut from the manifest: what it listed (its write's guard lets those transactions be)."""
         self.protocol = CommitProtocol(
             spark, pipeline=pipeline.name, target=pipeline.target, quarantine=pipeline.quarantine_path,
             ledger=pipeline.ledger_path, partition_by=pipeline.partition_by, decide=self._decide, revise=self._revise,
             build_frames=lambda intent: frames(spark, self.kafka_options, pipeline, intent,
-                                               dedup_table=self.dedup_table, listed=self._listed_for(intent)),
+                                               dedup_table=self.dedup_table, listed=self._listed_for(intent),
+                                               columns=self._frame_columns()),
             table_properties=pipeline.maintenance.table_properties(),
             checkpoint_every=pipeline.maintenance.checkpoint_interval,
         )
@@ -106,6 +109,11 @@ class IngestJob:
         if self.pipeline.dedup is not None:
             intent = replace(intent, dedup_version=table_version(self.spark, self.dedup_table))
         return intent
+
+    def _frame_columns(self) -> FrameColumns:
+        if self._columns is None:
+            self._columns = frame_columns(self.spark, self.pipeline)
+        return self._columns
 
     def _listed_for(self, intent: Intent) -> transactions.RelayRanges:
         """What the manifest listed for a batch cut from it (read again for a batch planned by another run)."""

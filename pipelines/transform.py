@@ -18,6 +18,8 @@ import hashlib
 import hmac
 import json
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from offsets.ledger import Intent
@@ -131,10 +133,31 @@ def read_ranges(spark: SparkSession, kafka_options: dict[str, str], intent: Inte
             .load())
 
 
-def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: PipelineConfig, intent: Intent,
-           *, dedup_table: str | None = None, listed: RelayRanges = ()) -> BatchFrames:
-    """The batch's frames; ``dedup_table`` is where dedup looks ids up (default: the target);
-    ``listed``: what a manifest cut listed for it (the guard lets those transactions be)."""
+@dataclass(frozen=True)
+class FrameColumns:
+    """A pipeline's columns that no batch changes, built once per session and pipeline.
+
+    Why: each ``F.*`` call and each catalog lookup is a py4j round trip, and a follower
+    batch's step 4 was built from about a hundred of them on the claim's thread (0.1 s of
+    a batch on a busy machine, while step 3 waited for it; docs/benchmarks.md, session 28).
+    Spark's columns are immutable descriptions, safe to put in any number of frames.
+    """
+
+    first: dict[str, Column]
+    error: Column
+    event_id: Column
+    constant: Callable[[Column], Column]
+    txn: Column | None
+    good: list[Column]
+    """The good rows' columns before the per-batch ``_tidemark_txn`` and ``_tidemark_ingested_at``."""
+    ingested: Column
+    bad: list[Column | str]
+    is_good: Column
+    is_bad: Column
+
+
+def frame_columns(spark: SparkSession, pipeline: PipelineConfig) -> FrameColumns:
+    """:class:`FrameColumns` of ``pipeline`` in ``spark`` (whose functions decide some of them)."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
@@ -182,27 +205,6 @@ def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: Pipelin
     constant = ((lambda c: F.call_function("tidemark_batch_constant", c))
                 if spark.catalog.functionExists("tidemark_batch_constant") else (lambda c: c))
 
-    def check(read: DataFrame) -> DataFrame:
-        checked = read.withColumns({
-            "_batch_id": constant(F.lit(intent.batch_id).cast("bigint")),
-            # aware: the instant, whatever the local zone
-            "_ingested_at": constant(F.lit(intent.planned_at).cast("timestamp")),
-            ERROR_COLUMN: error, "_event_id": event_id})
-        if pipeline.dedup is not None:
-            checked = flag_duplicates(spark, pipeline, intent, checked, dedup_table or pipeline.target)
-        if pipeline.transactions.atomic:
-            checked = checked.withColumn(TXN_COLUMN, txn_struct())
-        return checked
-
-    extra = [F.col("_event_id").alias(EVENT_ID_COLUMN)]
-    flag: Column | None = None
-    if pipeline.transactions.atomic:
-        txn = F.col(TXN_COLUMN)
-        flag = guard(txn, listed)
-        if intent.released:
-            txn = F.when(txn.isNotNull(), txn.withField("released", txn["id"].isin(*intent.released)))
-        extra.append(txn.alias(TXN_COLUMN))
-
     lineage = {
         "topic": F.col("topic").alias("_kafka_topic"),
         "partition": F.col("partition").alias("_kafka_partition"),
@@ -212,19 +214,59 @@ def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: Pipelin
         "headers": F.col("headers").alias("_kafka_headers"),
         "batch_id": F.col("_batch_id").alias("_tidemark_batch_id"),
     }
-    good_columns = [*payload, *(lineage[c] for c in pipeline.lineage), *extra,
-                    F.col("_ingested_at").alias("_tidemark_ingested_at")]
-    bad_columns: list[Column | str] = [
+    bad: list[Column | str] = [
         F.lit(pipeline.name).alias("pipeline"), F.col("_batch_id").alias("batch_id"), "topic", "partition",
         "offset", F.col("timestamp").alias("kafka_timestamp"), "key", "value", "headers",
         F.col(ERROR_COLUMN).alias("error"), F.col("_ingested_at").alias("ingested_at")]
+    return FrameColumns(
+        first=first, error=error, event_id=event_id, constant=constant,
+        txn=txn_struct() if pipeline.transactions.atomic else None,
+        good=[*payload, *(lineage[c] for c in pipeline.lineage), F.col("_event_id").alias(EVENT_ID_COLUMN)],
+        ingested=F.col("_ingested_at").alias("_tidemark_ingested_at"), bad=bad,
+        is_good=F.col(ERROR_COLUMN).isNull(), is_bad=F.col(ERROR_COLUMN).isNotNull())
+
+
+def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: PipelineConfig, intent: Intent,
+           *, dedup_table: str | None = None, listed: RelayRanges = (),
+           columns: FrameColumns | None = None) -> BatchFrames:
+    """The batch's frames; ``dedup_table`` is where dedup looks ids up (default: the target);
+    ``listed``: what a manifest cut listed for it (the guard lets those transactions be);
+    ``columns``: :func:`frame_columns` of this session and pipeline, if the caller keeps them."""
+    from pyspark.sql import functions as F
+
+    cols = columns or frame_columns(spark, pipeline)
+    constant = cols.constant
+
+    def check(read: DataFrame) -> DataFrame:
+        checked = read.withColumns({
+            "_batch_id": constant(F.lit(intent.batch_id).cast("bigint")),
+            # aware: the instant, whatever the local zone
+            "_ingested_at": constant(F.lit(intent.planned_at).cast("timestamp")),
+            ERROR_COLUMN: cols.error, "_event_id": cols.event_id})
+        if pipeline.dedup is not None:
+            checked = flag_duplicates(spark, pipeline, intent, checked, dedup_table or pipeline.target)
+        if cols.txn is not None:
+            checked = checked.withColumn(TXN_COLUMN, cols.txn)
+        return checked
+
+    good_columns = list(cols.good)
+    flag: Column | None = None
+    if pipeline.transactions.atomic:
+        txn = F.col(TXN_COLUMN)
+        flag = guard(txn, listed)
+        if intent.released:
+            txn = F.when(txn.isNotNull(), txn.withField("released", txn["id"].isin(*intent.released)))
+        good_columns.append(txn.alias(TXN_COLUMN))
+    good_columns.append(cols.ingested)
+
     read = read_ranges(spark, kafka_options, intent)
     if sum(r.span for r in intent.ranges) < SMALL_BATCH_OFFSETS:
         read = read.coalesce(spark.sparkContext.defaultParallelism)
+    first = cols.first
     return BatchFrames(
         read=read.withColumns(first) if first else read,
         check=check,
-        good=lambda df: df.where(F.col(ERROR_COLUMN).isNull()).select(*good_columns),
-        bad=lambda df: df.where(F.col(ERROR_COLUMN).isNotNull()).select(*bad_columns),
+        good=lambda df: df.where(cols.is_good).select(*good_columns),
+        bad=lambda df: df.where(cols.is_bad).select(*cols.bad),
         guard=flag,
     )
