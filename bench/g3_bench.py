@@ -4,8 +4,8 @@
 1-8 events over 3 aggregate types (3 topics x 3 partitions), committed in PostgreSQL, and
 :class:`outbox.relay.Relay` relays them (group commit, with its transaction manifest).
 Four pipeline settings then load all of it into fresh tables from one SparkSession, each
-once untimed (its generated code compiled and warmed; reported as ``first_run_s``), then
-timed in an order alternating over ``--reps``:
+``--warmup-rounds`` times untimed (its generated code compiled and warmed; the first
+round's times reported as ``first_run_s``), then timed in an order alternating over ``--reps``:
 
 * ``plain``: ``transactions.atomic: false``, no dedup (the rows, offsets and guarantees
   G1/G2/G7 only);
@@ -24,6 +24,7 @@ them, where a batch's fixed costs (the manifest read among them) weigh most.
     .venv/bin/python -m bench.g3_bench                         # 200,000 events, 2 reps
     .venv/bin/python -m bench.g3_bench --records 20000 --reps 1 --json g3.json
     .venv/bin/python -m bench.g3_bench --records 50000 --batch-records 5000 --reps 1
+    .venv/bin/python -m bench.g3_bench --warmup-rounds 4 --reps 3  # a settled JIT, as a long-running driver's
 """
 
 from __future__ import annotations
@@ -120,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--value-bytes", type=int, default=300)
     parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--warmup-rounds", type=int, default=1,
+                        help="untimed runs of every setting before the timed ones, alternating order (the first "
+                             "round's times are reported as first_run_s): more rounds measure a JVM whose JIT "
+                             "compilers have settled, as a long-running `serve` driver's have")
     parser.add_argument("--batch-records", type=int,
                         help="max_records_per_batch of every setting: many small batches in one run, as "
                              "`--follow` takes them (default: the pipeline's, one batch)")
@@ -153,12 +158,13 @@ def main(argv: list[str] | None = None) -> int:
                 # session took 2 s longer than the third, docs/benchmarks.md, session 25); warming
                 # plain alone charged that to the G3 settings' medians. Their times are reported
                 # apart (`first_run_s`): what a fresh process pays once.
-                for name in settings:
-                    t0 = time.perf_counter()
-                    run(spark, bootstrap, topics, work / f"warmup-{name}", settings[name])
-                    first[name] = time.perf_counter() - t0
-                    print(f"warm-up {name}: {first[name]:.1f}s", flush=True)
-                    shutil.rmtree(work / f"warmup-{name}", ignore_errors=True)
+                for round_ in range(max(1, args.warmup_rounds)):
+                    for name in settings if round_ % 2 == 0 else reversed(settings):
+                        t0 = time.perf_counter()
+                        run(spark, bootstrap, topics, work / f"warmup-{name}", settings[name])
+                        first.setdefault(name, time.perf_counter() - t0)
+                        print(f"warm-up {round_ + 1} {name}: {time.perf_counter() - t0:.1f}s", flush=True)
+                        shutil.rmtree(work / f"warmup-{name}", ignore_errors=True)
                 for rep in range(args.reps):
                     order = list(settings) if rep % 2 == 0 else list(reversed(settings))
                     for name in order:
@@ -186,11 +192,13 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {name} | {med[name]:.1f} | {args.records / med[name]:,.0f} | "
                      f"{statistics.median(batches[name]):.0f} | {', '.join(f'{t:.1f}' for t in runs)} | "
                      f"{med[name] / med['plain']:.2f}× | {med['plain'] / med[name]:.2f}× |")
-    lines += ["", "Each setting ran once before the timed runs (its code compiled and JIT-warmed): "
+    lines += ["", f"Each setting ran {max(1, args.warmup_rounds)} time(s) before the timed runs (its code compiled "
+              "and JIT-warmed); the first: "
               + ", ".join(f"{name} {t:.1f} s" for name, t in first.items())
               + " (plain's first also starts the session's Kafka source and Delta)."]
     emit(lines, args.output)
     emit_json({"benchmark": "g3_bench", "records": args.records, "reps": args.reps, "batch_records": args.batch_records,
+               "warmup_rounds": max(1, args.warmup_rounds),
                "seconds": med, "runs_s": times, "first_run_s": first,
                "ratio_g3_vs_plain": med["plain"] / med["g3"],
                "ratio_g3_scan_vs_plain": med["plain"] / med["g3-scan"],
