@@ -162,8 +162,9 @@ def main(argv: list[str] | None = None) -> int:
                     for name in settings if round_ % 2 == 0 else reversed(settings):
                         t0 = time.perf_counter()
                         run(spark, bootstrap, topics, work / f"warmup-{name}", settings[name])
-                        first.setdefault(name, time.perf_counter() - t0)
-                        print(f"warm-up {round_ + 1} {name}: {time.perf_counter() - t0:.1f}s", flush=True)
+                        elapsed = time.perf_counter() - t0
+                        first.setdefault(name, elapsed)
+                        print(f"warm-up {round_ + 1} {name}: {elapsed:.1f}s", flush=True)
                         shutil.rmtree(work / f"warmup-{name}", ignore_errors=True)
                 for rep in range(args.reps):
                     order = list(settings) if rep % 2 == 0 else list(reversed(settings))
