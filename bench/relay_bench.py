@@ -11,9 +11,10 @@ slots see them all. Then, in alternating order:
   by a plain idempotent producer (``acks=all``, no transactions, no manifest, no
   position), flushed where the relay would close a group (linger, events, idle), then
   acknowledged (deletes and slot confirmation): at-least-once. The ceiling the issue
-  sets: what exactly-once costs on top of the same relay. Its deletes go to a copy of
-  the outbox with the same rows and indexes (``<table>_twin``): deleting from the
-  relay's table would find the rows gone whenever the relay ran first.
+  sets: what exactly-once costs on top of the same relay. Its deletes go to a twin of
+  the outbox with the same rows and indexes, written in the same transactions
+  (``<table>_twin``): deleting from the relay's table would find the rows gone
+  whenever the relay ran first.
 * ``plain-producer``: the same messages read from a copy of the rows in one query,
   produced with nothing else: the machine's and broker's ceiling.
 
@@ -83,19 +84,26 @@ def fill(dsn: str, table: str, events: int, txn_size: int) -> None:
     conn = psycopg2.connect(dsn)
     try:
         with conn.cursor() as cur:
+            cur.execute(f"CREATE TABLE {table}_twin (LIKE {name} INCLUDING ALL)")
+            conn.commit()
             for t in range(0, events, txn_size):
                 rows = [(str(uuid.uuid4()), AGGREGATES[i % 3], f"agg-{i % 100}", "Changed",
                          f'{{"seq": {i}, "note": "{"x" * 200}"}}') for i in range(t, min(t + txn_size, events))]
-                execute_values(cur, f"INSERT INTO {name} (id, aggregatetype, aggregateid, type, payload) VALUES %s",
-                               rows, template="(%s, %s, %s, %s, %s::jsonb)")
+                # The twin's rows come in the same transactions, so both deletes meet the same
+                # table history: rows copied in one transaction were 13 % cheaper to delete.
+                for target in (name, f"{table}_twin"):
+                    execute_values(cur, f"INSERT INTO {target} (id, aggregatetype, aggregateid, type, payload) "
+                                   "VALUES %s", rows, template="(%s, %s, %s, %s, %s::jsonb)")
                 conn.commit()
             cur.execute(f"CREATE TABLE {table}_copy AS SELECT * FROM {name}")
-            cur.execute(f"CREATE TABLE {table}_twin (LIKE {name} INCLUDING ALL)")
-            cur.execute(f"INSERT INTO {table}_twin SELECT * FROM {name}")
         conn.commit()
         conn.autocommit = True
         with conn.cursor() as cur:
-            cur.execute("CHECKPOINT")  # neither contender pays for the fill's dirty pages
+            # Neither contender pays for the fill: not its dirty pages, nor autovacuum's first pass
+            # over the new tables, which otherwise lands on whichever contender runs first.
+            for target in (name, f"{table}_twin", f"{table}_copy"):
+                cur.execute(f"VACUUM ANALYZE {target}")
+            cur.execute("CHECKPOINT")
     finally:
         conn.close()
 
@@ -135,6 +143,13 @@ def run_relay(dsn: str, client: dict[str, str], relay: Any, events: int) -> floa
 
 def run_nontxn(dsn: str, client: dict[str, str], relay: Any, slot: str, events: int) -> float:
     """Seconds per ``events`` for the same relay without transactions, at its steady rate (as :func:`run_relay`)."""
+    from outbox.relay import collector_for_groups
+
+    with collector_for_groups():  # the relay's collector settings (a no-op here: it holds nothing)
+        return _run_nontxn(dsn, client, relay, slot, events)
+
+
+def _run_nontxn(dsn: str, client: dict[str, str], relay: Any, slot: str, events: int) -> float:
     import psycopg2
     from confluent_kafka import Producer
 
@@ -160,7 +175,7 @@ def run_nontxn(dsn: str, client: dict[str, str], relay: Any, slot: str, events: 
                 idle_since = time.monotonic()
                 if not unflushed:
                     opened = time.monotonic()
-                for topic, key, value, headers in job._messages(txn):
+                for topic, key, value, headers in job._messages(txn, job._routed(txn)):
                     while True:
                         try:
                             producer.produce(topic, value, key, headers=headers)

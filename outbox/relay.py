@@ -55,6 +55,7 @@ stop it (non-zero exit).
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -65,6 +66,7 @@ import time
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
@@ -89,7 +91,7 @@ from outbox.capture import (
     TransactionTooLargeError,
 )
 from outbox.deadletter import OversizedEventError, acknowledged, dead_letter_events
-from outbox.manifest import SUMMARY_HEADER, InterleavedError, Placement, TopicPartition, encode
+from outbox.manifest import SUMMARY_HEADER, InterleavedError, Placement, TopicPartition
 from outbox.pgoutput import format_lsn
 from outbox.position import (
     OFFSETS_TOPIC_CONFIG,
@@ -125,6 +127,14 @@ PARTITIONS_REFRESH_SECONDS = 300.0
 #: Staged events handed to librdkafka at a time: one call per batch, not per source transaction.
 SEND_BATCH = 512
 
+#: The collector's young-generation threshold while the relay runs (Python's default is 700).
+#: A group holds its source transactions' events until its commit, some 20,000 tracked objects
+#: at the default limits; with the default threshold the collector walked them again at every
+#: young collection and promoted them to be walked again, 0.26-0.30 s of CPU per 200,000
+#: events (5 %; docs/benchmarks.md, session 29). Reference counting frees a group at its close;
+#: the collector only has reference cycles to find, which the relay does not make per event.
+YOUNG_GC_THRESHOLD = 50_000
+
 
 def _admin_call(call: Callable[[], Any]) -> Any:
     """A metadata request; no answer is an outage (transient), not a crash."""
@@ -140,6 +150,17 @@ def partition_for(key: bytes, partitions: int) -> int:
     as it did when librdkafka placed them, so per-key order holds across an upgrade; only an empty key,
     which librdkafka would place at random, goes to partition 0."""
     return zlib.crc32(key) % partitions
+
+
+@contextmanager
+def collector_for_groups() -> Iterator[None]:
+    """Run with :data:`YOUNG_GC_THRESHOLD`, then put the caller's thresholds back."""
+    before = gc.get_threshold()
+    gc.set_threshold(max(before[0], YOUNG_GC_THRESHOLD), *before[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
 
 
 def _crash_point(name: str) -> None:
@@ -373,24 +394,32 @@ class Relay:
             topic = self._routes[aggregatetype] = self.config.topic_for(aggregatetype.decode())
         return topic
 
-    def _oversized(self, txn: SourceTransaction) -> tuple[bytes, str, int, int] | None:
+    def _routed(self, txn: SourceTransaction) -> list[str]:
+        """The topic of each event of ``txn`` (routed once: step 4's checks and step 5's messages use them);
+        a topic met for the first time is created if missing and its size limit learnt."""
+        routes = self._routes
+        topics = [routes.get(e.aggregatetype) or self._topic(e.aggregatetype) for e in txn.events]
+        if not self._known_topics.issuperset(topics):
+            self._ensure_topics(set(topics))
+        return topics
+
+    def _oversized(self, txn: SourceTransaction, topics: list[str]) -> tuple[bytes, str, int, int] | None:
         """The first event of ``txn`` larger than its topic takes: (event id, topic, size, limit), or None."""
-        topics = {self._topic(e.aggregatetype) for e in txn.events}
-        self._ensure_topics(topics)
-        header_bytes = 200 + 2 * len(str(txn.xid)) + 64 * len(topics)  # the tidemark.* headers, generously
-        if 0 < txn.size and txn.size + len(txn.events) * (header_bytes + RECORD_OVERHEAD) <= min(
-                self._limits[t] for t in topics):
+        distinct = set(topics)
+        header_bytes = 200 + 2 * len(str(txn.xid)) + 64 * len(distinct)  # the tidemark.* headers, generously
+        if 0 < txn.size and txn.size + len(topics) * (header_bytes + RECORD_OVERHEAD) <= min(
+                self._limits[t] for t in distinct):
             return None  # the whole transaction fits the smallest limit: no event can exceed it
-        for e in txn.events:
-            topic = self._topic(e.aggregatetype)
+        for e, topic in zip(txn.events, topics, strict=True):
             size = e.size + header_bytes + RECORD_OVERHEAD
             if size > self._limits[topic]:
                 return e.id, topic, size, self._limits[topic]
         return None
 
-    def _admit(self, txn: SourceTransaction) -> bool:
-        """Whether ``txn`` goes to Kafka (True) or to the dead letters (False); raises if it may do neither."""
-        big = self._oversized(txn)
+    def _admit(self, txn: SourceTransaction, topics: list[str]) -> bool:
+        """Whether ``txn`` (its events bound for ``topics``) goes to Kafka (True) or to the dead letters
+        (False); raises if it may do neither."""
+        big = self._oversized(txn, topics)
         if big is None:
             return True
         event, topic, size, limit = big
@@ -413,9 +442,10 @@ class Relay:
             f"transaction to {self.dead_letters} with `tidemark relay dead-letter --xid {txn.xid}` and restart "
             "(relay.on_oversized: dead_letter does that by itself)")
 
-    def _messages(self, txn: SourceTransaction) -> Iterator[tuple[str, bytes, bytes | None, list[Any]]]:
-        """(topic, key, value, headers) of each event, built as it is produced: the transaction is held once."""
-        topics = [self._topic(e.aggregatetype) for e in txn.events]
+    def _messages(self, txn: SourceTransaction, topics: list[str]
+                  ) -> Iterator[tuple[str, bytes, bytes | None, list[Any]]]:
+        """(topic, key, value, headers) of each event (bound for ``topics``, :meth:`_routed`), built as it is
+        produced: the transaction is held once."""
         counts = tuple(sorted(Counter(topics).items()))
         counted = self._counts_json.get(counts)
         if counted is None:  # a handful of distinct shapes per deployment: each one serialised once
@@ -451,7 +481,7 @@ class Relay:
         producer.begin()
         group.placement, group.open = Placement(frozenset(self._exact_topics)), True
 
-    def _stage(self, producer: TransactionalProducer, group: Group, txn: SourceTransaction) -> None:
+    def _stage(self, producer: TransactionalProducer, group: Group, txn: SourceTransaction, topics: list[str]) -> None:
         """Step 5's events, as ``txn`` (the group's newest) joins it: librdkafka sends them while the next
         transactions are decoded. Each partition's newest event waits in ``group.held`` (see there)."""
         if group.placement is None:
@@ -462,7 +492,7 @@ class Relay:
         assert placement is not None
         counts, exact, delivered = self._partition_counts, placement.exact, group.delivered
         spans = placement.open()
-        for topic, key, value, headers in self._messages(txn):
+        for topic, key, value, headers in self._messages(txn, topics):
             partition = partition_for(key, counts[topic])
             tp = (topic, partition)
             n = placement.place(spans, tp)
@@ -509,11 +539,10 @@ class Relay:
             early = placement.ready(group.offsets)
             if not early:
                 self._await_deliveries(p, group)
-            resolved = iter(placement.resolve(group.offsets, verify=not early))
             dead = group.dead
-            manifest, summary = encode(self.config.id, format_lsn(position.end_lsn), (
-                (f"{format_lsn(t.commit_lsn)}/{t.xid}", len(t.events), () if i in dead else next(resolved), i in dead)
-                for i, t in enumerate(group.txns) if t.events))
+            manifest, summary = placement.encode(self.config.id, format_lsn(position.end_lsn), (
+                (f"{format_lsn(t.commit_lsn)}/{t.xid}", len(t.events), i in dead)
+                for i, t in enumerate(group.txns) if t.events), group.offsets, verify=not early)
             p.produce(self.config.manifest_topic, key=self.config.id.encode(), value=manifest,
                       headers=[(SUMMARY_HEADER, summary)])
             _crash_point("manifested")
@@ -591,6 +620,10 @@ class Relay:
 
     def run(self, stop: threading.Event, *, idle_exit: float | None = None) -> RelayReport:
         """Relay until ``stop`` is set (or, with ``idle_exit``, until nothing arrives for that long)."""
+        with collector_for_groups():
+            return self._run(stop, idle_exit)
+
+    def _run(self, stop: threading.Event, idle_exit: float | None) -> RelayReport:
         delay, redos, committed = 1.0, 0, -1
         while not stop.is_set():
             try:
@@ -665,7 +698,8 @@ class Relay:
                         self._flush(producer, group, capture)
                         group = Group()
                     try:
-                        admitted = self._admit(txn) if txn.events else True      # step 4
+                        topics = self._routed(txn)                             # step 4
+                        admitted = self._admit(txn, topics) if topics else True
                     except OversizedEventError:
                         if group.txns:
                             self._flush(producer, group, capture)
@@ -673,7 +707,7 @@ class Relay:
                         raise
                     group.add(txn, dead=not admitted)
                     if admitted and txn.events:
-                        self._stage(producer, group, txn)                      # step 5, as it joins
+                        self._stage(producer, group, txn, topics)              # step 5, as it joins
                     if (time.monotonic() - group.opened >= linger or group.events >= limits.max_events
                             or group.size >= limits.max_bytes or len(group.txns) >= limits.max_transactions):
                         self._flush(producer, group, capture)

@@ -72,6 +72,39 @@ def test_spans_match_a_report_per_event_on_random_groups() -> None:
         placement.verify(reported)
 
 
+def test_the_one_pass_manifest_is_byte_for_byte_resolve_then_encode() -> None:
+    """Placement.encode (the relay's) against resolve + encode, on random groups with dead letters,
+    an exact topic and gaps another producer left: the same record and summary bytes, or the same refusal."""
+    from outbox.manifest import encode
+
+    rng = random.Random(29)
+    partitions = [A0, A1, B0, ("c", 2), ("d\"q", 1)]
+    for round_ in range(300):
+        exact = frozenset({"b"}) if round_ % 3 == 0 else frozenset()
+        placement = Placement(exact)
+        txns = []  # (id, events, dead)
+        for t in range(rng.randint(1, 25)):
+            dead = rng.random() < 0.1
+            n = rng.randint(1, 12)
+            if not dead:
+                _place(placement, [[rng.choice(partitions) for _ in range(n)]])
+            txns.append((f"0/{rng.randint(1, 10**9):X}/{t}", n, dead))
+        base = {tp: rng.randint(0, 10_000) for tp in partitions}
+        gap = {tp: rng.random() < 0.05 for tp in partitions}  # a foreign record after index 0
+        offsets = {tp: {i: base[tp] + i + (1 if gap[tp] and i > 0 else 0) for i in range(n)}
+                   for tp, n in placement.sent.items()}
+        reported = {tp: (got if tp[0] in exact else {i: o for i, o in got.items() if i in (0, len(got) - 1)})
+                    for tp, got in offsets.items()}
+        try:
+            resolved = iter(placement.resolve(reported))
+        except InterleavedError:
+            with pytest.raises(InterleavedError):
+                placement.encode("relay-1", "0/AB", txns, reported)
+            continue
+        expected = encode("relay-1", "0/AB", ((i, n, () if dead else next(resolved), dead) for i, n, dead in txns))
+        assert placement.encode("relay-1", "0/AB", txns, reported) == expected
+
+
 def test_the_manifest_is_not_resolved_early_without_every_first_offset_or_with_an_exact_topic() -> None:
     placement = Placement()
     _place(placement, [[A0, B0], [A0]])
