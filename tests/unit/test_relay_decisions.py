@@ -89,3 +89,22 @@ def test_fenced_and_fatal_stop_and_an_outage_is_transient() -> None:
     with pytest.raises(KafkaUnavailableError, match="for 0.3 s"):
         _producer()._call("begin", _raising(*down))
     _producer(retry_for=10)._call("begin", _raising(*down[:2]))  # retried, then fine
+
+
+def test_the_relay_raises_the_young_gc_threshold_only_while_it_runs() -> None:
+    import gc
+
+    from outbox.relay import YOUNG_GC_THRESHOLD, collector_for_groups
+
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, *before[1:])
+        with pytest.raises(RuntimeError), collector_for_groups():
+            assert gc.get_threshold() == (YOUNG_GC_THRESHOLD, *before[1:])
+            raise RuntimeError("a failed session")
+        assert gc.get_threshold() == (700, *before[1:])
+        gc.set_threshold(10 * YOUNG_GC_THRESHOLD, *before[1:])  # a caller's higher threshold is kept
+        with collector_for_groups():
+            assert gc.get_threshold()[0] == 10 * YOUNG_GC_THRESHOLD
+    finally:
+        gc.set_threshold(*before)
