@@ -798,7 +798,7 @@ def _read_manifest(consumers: ManifestConsumers, pipeline: PipelineConfig, inten
             return None
         low, high = probe.get_watermark_offsets(TopicPartition(topic, 0), timeout=15, cached=False)
         if cursor is None or cursor < low:
-            cursor = _first_manifest_offset(consumers.get("read_committed"), probe, topic, intent, int(low), int(high))
+            cursor = _first_manifest_offset(client_config, probe, topic, intent, int(low), int(high))
     except KafkaException:
         consumers.close()
         return None  # the manifest is an optimisation: the scan and the guard still hold
@@ -826,7 +826,7 @@ def _read_manifest(consumers: ManifestConsumers, pipeline: PipelineConfig, inten
                 if m.error().code() != KafkaError._PARTITION_EOF:
                     consumers.close()
                     return None
-            elif m is not None and m.topic() == topic and m.offset() >= cursor:  # (else: for an earlier read)
+            elif m is not None and m.offset() >= cursor:  # (below: fetched for an earlier read)
                 relay, found, ids, lasts, beyond = _read_record(m, limits, mine, starts, ends)
                 listed += found
                 by_relay.setdefault(relay, []).extend(ids)
@@ -845,41 +845,21 @@ def _read_manifest(consumers: ManifestConsumers, pipeline: PipelineConfig, inten
     return ManifestRead(cursor, max(position, cursor), tuple(listed), _relay_ranges(by_relay), tuple(records))
 
 
-def _first_manifest_offset(reader: Any, probe: Any, topic: str, intent: Intent, low: int, high: int) -> int:
-    """Where a pipeline's first manifest read starts: records a little older than its ranges' first records.
+def _first_manifest_offset(client_config: Mapping[str, str], probe: Any, topic: str, intent: Intent,
+                           low: int, high: int) -> int:
+    """Where a pipeline's first manifest read starts: records a little older than its ranges' first records."""
+    from confluent_kafka import TopicPartition
 
-    Each range's first record is read by ``reader``, the read's own ``read_committed``
-    consumer, before it is assigned the manifest: a consumer of its own cost a connection
-    and its metadata first, some 70 ms of every first batch (docs/benchmarks.md, session 29).
-    A range whose first record does not come within :data:`MANIFEST_WAIT_SECONDS` (only
-    markers or aborted records there) gives no time; with none at all the read starts at
-    the end, lists nothing, and the batch's write guard decides, as after any short read.
-    """
-    from confluent_kafka import KafkaError, TopicPartition
+    from connectors.range_reader import RangeReader
 
-    ends = {r.tp: r.end for r in intent.ranges if r.span}
-    stamps: dict[TP, int] = {}
-    reader.assign([TopicPartition(t, p, start) for (t, p), start in
-                   ((r.tp, r.start) for r in intent.ranges if r.span)])
-    try:
-        deadline = time.monotonic() + MANIFEST_WAIT_SECONDS
-        waiting = set(ends)
-        while waiting and time.monotonic() < deadline:
-            for m in reader.consume(num_messages=len(waiting) * 64, timeout=0.05):
-                tp = (m.topic(), m.partition())
-                if tp not in waiting:
-                    continue
-                if m.error() is None:
-                    if m.offset() < ends[tp]:
-                        stamps[tp] = m.timestamp()[1]
-                    waiting.discard(tp)
-                elif m.error().code() == KafkaError._PARTITION_EOF:
-                    waiting.discard(tp)
-    finally:
-        reader.unassign()
+    ranges = [(r.topic, r.partition, r.start, r.start + 1) for r in intent.ranges if r.span]
+    stamps = []
+    with RangeReader(client_config, ranges, fetch_bytes=1024 * 1024, partition_fetch_bytes=64 * 1024) as reader:
+        for m in reader.records():
+            stamps.append(m.timestamp()[1])
     if not stamps:
         return high
-    found = probe.offsets_for_times([TopicPartition(topic, 0, max(0, min(stamps.values()) - MANIFEST_LOOKBACK_MS))],
+    found = probe.offsets_for_times([TopicPartition(topic, 0, max(0, min(stamps) - MANIFEST_LOOKBACK_MS))],
                                     timeout=15)
     offset = found[0].offset
     return low if offset < 0 and offset != -1 else (high if offset < 0 else max(low, offset))
