@@ -166,3 +166,35 @@ def test_a_delivery_report_without_an_offset_redoes_the_transaction() -> None:
     group.delivered(A0, 1, None, report(101))
     Relay._await_deliveries(relay, producer, group)  # type: ignore[arg-type]
     assert group.placement.resolve(group.offsets) == [(("a", 0, 100, 101, 2),)]
+
+
+def test_a_released_group_is_freed_by_reference_counting() -> None:
+    """The relay collects rarely (YOUNG_GC_THRESHOLD): a committed group, with all its transactions,
+    must not wait for the collector. Its report callbacks refer back to it; release() drops them."""
+    import gc
+    import weakref
+    from functools import partial
+
+    from outbox.relay import Group
+
+    def staged() -> Group:
+        group = Group(placement=Placement())
+        for tp in (A0, B0):
+            group.offsets[tp] = {}
+            group.held[tp] = (tp[0], tp[1], b"k", b"v", [], partial(group.delivered, tp, 0))
+        group.unsent.append((A1[0], A1[1], b"k", b"v", [], partial(group.delivered, A1, 0)))
+        return group
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        kept, freed = staged(), staged()
+        freed.release()
+        kept_ref, freed_ref = weakref.ref(kept), weakref.ref(freed)
+        del kept, freed
+        assert freed_ref() is None
+        assert kept_ref() is not None, "no cycle without release(): the test would prove nothing"
+    finally:
+        if enabled:
+            gc.enable()
+        gc.collect()
