@@ -125,9 +125,14 @@ def encode(relay: str, end_lsn: str, entries: Iterable[tuple[str, int, tuple[Spa
             multi += n > 1
             first_id = first_id or txn
             last_id = txn
-        tail = ',"dead_lettered":true}' if dead else "}"
-        parts.append(f'{{"id":{_json_text(txn)},"events":{events},"spans":[{listed}]{tail}')
+        parts.append(_entry(txn, events, listed, dead))
     return _assemble(relay, end_lsn, parts, bounds, multi, first_id, last_id)
+
+
+def _entry(txn: str, events: int, listed: str, dead: bool) -> str:
+    """One source transaction's entry, its spans already written as JSON (``listed``)."""
+    tail = ',"dead_lettered":true}' if dead else "}"
+    return f'{{"id":{_json_text(txn)},"events":{events},"spans":[{listed}]{tail}'
 
 
 def _assemble(relay: str, end_lsn: str, parts: list[str], bounds: Mapping[TopicPartition, Sequence[int]],
@@ -239,23 +244,23 @@ class Placement:
         first_id = last_id = None
         for txn, events, dead in txns:
             if dead:
-                parts.append(f'{{"id":{_json_text(txn)},"events":{events},"spans":[],"dead_lettered":true}}')
+                parts.append(_entry(txn, events, "", True))
                 continue
             spans = next(placed)
             listed = []
-            n = 0
+            placed_here = 0
             for tp, (a, b, k) in (sorted(spans.items()) if len(spans) > 1 else spans.items()):
                 base = first.get(tp)
                 if base is None:
                     listed.append(f"{prefix[tp]}{offsets[tp][a]},{offsets[tp][b]},{k}]")
                 else:
                     listed.append(f"{prefix[tp]}{base + a},{base + b},{k}]")
-                n += k
+                placed_here += k
             if spans:
-                multi += n > 1
+                multi += placed_here > 1
                 first_id = first_id or txn
                 last_id = txn
-            parts.append(f'{{"id":{_json_text(txn)},"events":{events},"spans":[{",".join(listed)}]}}')
+            parts.append(_entry(txn, events, ",".join(listed), False))
         bounds = {tp: (first[tp], first[tp] + n - 1) if tp in first else (offsets[tp][0], offsets[tp][n - 1])
                   for tp, n in self.sent.items()}
         return _assemble(relay, end_lsn, parts, bounds, multi, first_id, last_id)
