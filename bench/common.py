@@ -83,6 +83,9 @@ def kafka_broker(bootstrap: str | None = None) -> Iterator[tuple[str, str]]:
     try:
         yield cluster.bootstrap_servers, cluster.version
     finally:
+        from pipelines.transactions import ManifestConsumers
+
+        ManifestConsumers.close_idle()  # else they retry the stopped broker until they expire
         cluster.stop()
         shutil.rmtree(state, ignore_errors=True)  # a 1M-record run leaves ~1 GB of log segments
 

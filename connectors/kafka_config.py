@@ -8,6 +8,9 @@ Spark reads always talk to the cluster the same way.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import logging
 import os
 from pathlib import Path
@@ -21,6 +24,27 @@ _JAAS_MODULE = {
     "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
     "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
 }
+
+
+#: Keys :func:`fingerprint`: the same within this process, never the same in another.
+_FINGERPRINT_KEY = os.urandom(16)
+
+
+def fingerprint(options: dict[str, Any]) -> str:
+    """What identifies a Kafka client's settings within this process, and says nothing of them.
+
+    Kept clients (Spark's pooled consumers, the manifest's consumers) are found again by it,
+    so it is an HMAC of every option, credentials included, and of the files they name
+    (CA, keystore): a changed password, or a certificate replaced even in place, gets new
+    clients. Objects among the options (a logger) count by identity.
+    """
+    text = json.dumps(sorted(options.items()), default=lambda o: f"{type(o).__name__}@{id(o)}")
+    mac = hmac.new(_FINGERPRINT_KEY, text.encode(), hashlib.sha256)
+    for key, value in sorted(options.items()):  # a CA or keystore replaced in place counts as a change
+        if key.endswith(".location") and isinstance(value, str) and os.path.isfile(value):
+            with open(value, "rb") as f:
+                mac.update(f.read())
+    return mac.hexdigest()[:20]
 
 
 def client_logging() -> dict[str, Any]:

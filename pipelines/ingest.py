@@ -23,7 +23,7 @@ from offsets.ledger import Intent
 from offsets.protocol import BatchResult, CommitProtocol
 from pipelines import transactions
 from pipelines.dedup import table_version
-from pipelines.transform import FrameColumns, frame_columns, frames
+from pipelines.transform import frame_columns, frames
 from tidemark.config import PipelineConfig, TidemarkConfig
 from tidemark.errors import ConfigError, TidemarkError
 
@@ -70,8 +70,6 @@ class IngestJob:
         """The consumers this run's manifest reads share (:meth:`_run_scope`)."""
         self._admin: KafkaAdmin | None = None
         """The admin client this run's snapshots share (:meth:`_run_scope`)."""
-        self._columns: FrameColumns | None = None
-        """The pipeline's batch-independent columns in this session, built by the first batch."""
         self._listed: dict[int, transactions.RelayRanges] = {}
         """Per batch cut from the manifest: what it listed (its write's guard lets those transactions be)."""
         self.protocol = CommitProtocol(
@@ -79,7 +77,7 @@ class IngestJob:
             ledger=pipeline.ledger_path, partition_by=pipeline.partition_by, decide=self._decide, revise=self._revise,
             build_frames=lambda intent: frames(spark, self.kafka_options, pipeline, intent,
                                                dedup_table=self.dedup_table, listed=self._listed_for(intent),
-                                               columns=self._frame_columns()),
+                                               columns=frame_columns(spark, pipeline)),
             table_properties=pipeline.maintenance.table_properties(),
             checkpoint_every=pipeline.maintenance.checkpoint_interval,
         )
@@ -109,11 +107,6 @@ class IngestJob:
         if self.pipeline.dedup is not None:
             intent = replace(intent, dedup_version=table_version(self.spark, self.dedup_table))
         return intent
-
-    def _frame_columns(self) -> FrameColumns:
-        if self._columns is None:
-            self._columns = frame_columns(self.spark, self.pipeline)
-        return self._columns
 
     def _listed_for(self, intent: Intent) -> transactions.RelayRanges:
         """What the manifest listed for a batch cut from it (read again for a batch planned by another run)."""
@@ -191,21 +184,20 @@ class IngestJob:
     @contextmanager
     def _run_scope(self) -> Iterator[None]:
         """What the batches of the outermost run (one :meth:`run_to`, or all of :meth:`follow`) share:
-        the manifest's consumers, started at the first read and closed when the run ends, and
-        the admin client its snapshots ask (a follower's snapshot is then one metadata and one
+        the manifest's consumers (kept afterwards for the process's next run with the same
+        settings: :meth:`~pipelines.transactions.ManifestConsumers.kept`), and the admin client its snapshots ask (a follower's snapshot is then one metadata and one
         offsets round trip, not a new client's connection)."""
         if self._manifest_reads is not None:
             yield
             return
-        self._manifest_reads = transactions.ManifestConsumers(self.client_config)
-        self._admin = KafkaAdmin(self.client_config)
-        try:
-            yield
-        finally:
-            reads, self._manifest_reads = self._manifest_reads, None
-            admin, self._admin = self._admin, None
-            admin.close()
-            reads.close()
+        with transactions.ManifestConsumers.kept(self.client_config) as reads:
+            self._manifest_reads = reads
+            self._admin = KafkaAdmin(self.client_config)
+            try:
+                yield
+            finally:
+                admin, self._admin, self._manifest_reads = self._admin, None, None
+                admin.close()
 
     def _run_to(self, bounds: Mapping[TP, PartitionBounds], stop: threading.Event | None) -> IngestReport:
         report = IngestReport()

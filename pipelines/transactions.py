@@ -12,16 +12,20 @@ two readings equal.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from connectors.admin import PartitionBounds
+from connectors.kafka_config import fingerprint
 from connectors.preflight import group_refused
 from offsets.cut import (
     Listed,
@@ -548,24 +552,75 @@ def _manifest_consumer(client_config: Mapping[str, str], isolation: str) -> Any:
 
     # A read of known extent: at the partition's end the broker must answer at once, not after
     # fetch.wait.max.ms (500 ms by default) of waiting for more.
-    return Consumer({**client_config, "group.id": f"tidemark-manifest-{uuid.uuid4().hex[:8]}",
-                     "isolation.level": isolation, "enable.auto.commit": False, "enable.partition.eof": True,
-                     "auto.offset.reset": "earliest", "fetch.wait.max.ms": 10})
+    settings = {**client_config, "group.id": f"tidemark-manifest-{uuid.uuid4().hex[:8]}",
+                "isolation.level": isolation, "enable.auto.commit": False, "enable.partition.eof": True,
+                "auto.offset.reset": "earliest", "fetch.wait.max.ms": 10}
+    if isolation == "read_uncommitted":
+        # Its one fetch (:func:`_first_stamps`) wants a record per partition, not librdkafka's
+        # prefetch of up to 1 MiB each.
+        # (Not `queued.min.messages`: at 1, each partition's first record came a second late.)
+        settings.update({"max.partition.fetch.bytes": 64 * 1024, "fetch.max.bytes": 1 << 20})
+    return Consumer(settings)
+
+
+#: How long consumers a run left stay kept for a later run of this process (:meth:`ManifestConsumers.kept`):
+#: below brokers' ``connections.max.idle.ms`` (10 minutes by default), which would close their connections.
+KEPT_SECONDS = 120.0
 
 
 class ManifestConsumers:
     """The two consumers a manifest read uses, kept for a job's batches (``--follow``, a bounded
-    run of several batches): a consumer's start and close (threads, connections, metadata)
-    cost more than reading a small batch's manifest records. Between reads nothing is
-    assigned, so nothing is fetched ahead. After a failed read both are closed and the next
-    read starts new ones."""
+    run of several batches) and, idle, for the process's next run with the same settings
+    (:meth:`kept`): a consumer's start (threads, connections, metadata) cost more than reading
+    a small batch's manifest records. Between reads nothing is assigned, so nothing is
+    fetched ahead. After a failed read both are closed and the next read starts new ones."""
+
+    _idle: ClassVar[dict[str, list[tuple[float, ManifestConsumers]]]] = {}
+    _lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self, client_config: Mapping[str, str]) -> None:
         self.client_config = client_config
         self._made: dict[str, Any] = {}
 
+    @classmethod
+    @contextmanager
+    def kept(cls, client_config: Mapping[str, str]) -> Iterator[ManifestConsumers]:
+        """Consumers for one run: those an earlier run of this process left idle with the same
+        settings (``fingerprint``: a changed credential or certificate gets new ones), else new.
+
+        Each is one run's alone while it runs; afterwards it waits :data:`KEPT_SECONDS` for
+        the next run (a served driver's next scheduled ingest; 0.1 s of every run's plan
+        otherwise, docs/benchmarks.md), then is closed.
+        """
+        key = fingerprint(dict(client_config))
+        with cls._lock:
+            waiting = cls._idle.get(key, [])
+            consumers = waiting.pop()[1] if waiting else cls(client_config)
+        try:
+            yield consumers
+        finally:
+            with cls._lock:
+                cls._idle.setdefault(key, []).append((time.monotonic(), consumers))
+            reaper = threading.Timer(KEPT_SECONDS, cls.close_idle, kwargs={"older_than": KEPT_SECONDS})
+            reaper.daemon = True
+            reaper.start()
+
+    @classmethod
+    def close_idle(cls, older_than: float = 0.0) -> int:
+        """Close the kept consumers idle for at least ``older_than`` seconds; how many sets were closed."""
+        now = time.monotonic()
+        with cls._lock:
+            stale = [c for sets in cls._idle.values() for at, c in sets if now - at >= older_than]
+            for key in list(cls._idle):
+                cls._idle[key] = [(at, c) for at, c in cls._idle[key] if now - at < older_than]
+                if not cls._idle[key]:
+                    del cls._idle[key]
+        for consumers in stale:
+            consumers.close()
+        return len(stale)
+
     def get(self, isolation: str) -> Any:
-        """The ``read_uncommitted`` (watermarks, times) or ``read_committed`` (records) consumer."""
+        """The ``read_uncommitted`` (watermarks, times, first records) or ``read_committed`` (records) consumer."""
         consumer = self._made.get(isolation)
         if consumer is None:
             consumer = self._made[isolation] = _manifest_consumer(self.client_config, isolation)
@@ -587,6 +642,9 @@ class ManifestConsumers:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+atexit.register(ManifestConsumers.close_idle)
 
 
 Limits = Mapping[str, Mapping[int, tuple[int, int]]]
@@ -798,7 +856,7 @@ def _read_manifest(consumers: ManifestConsumers, pipeline: PipelineConfig, inten
             return None
         low, high = probe.get_watermark_offsets(TopicPartition(topic, 0), timeout=15, cached=False)
         if cursor is None or cursor < low:
-            cursor = _first_manifest_offset(client_config, probe, topic, intent, int(low), int(high))
+            cursor = _first_manifest_offset(probe, topic, intent, int(low), int(high))
     except KafkaException:
         consumers.close()
         return None  # the manifest is an optimisation: the scan and the guard still hold
@@ -845,24 +903,51 @@ def _read_manifest(consumers: ManifestConsumers, pipeline: PipelineConfig, inten
     return ManifestRead(cursor, max(position, cursor), tuple(listed), _relay_ranges(by_relay), tuple(records))
 
 
-def _first_manifest_offset(client_config: Mapping[str, str], probe: Any, topic: str, intent: Intent,
-                           low: int, high: int) -> int:
+def _first_manifest_offset(probe: Any, topic: str, intent: Intent, low: int, high: int) -> int:
     """Where a pipeline's first manifest read starts: records a little older than its ranges' first records."""
     from confluent_kafka import TopicPartition
 
-    from connectors.range_reader import RangeReader
-
-    ranges = [(r.topic, r.partition, r.start, r.start + 1) for r in intent.ranges if r.span]
-    stamps = []
-    with RangeReader(client_config, ranges, fetch_bytes=1024 * 1024, partition_fetch_bytes=64 * 1024) as reader:
-        for m in reader.records():
-            stamps.append(m.timestamp()[1])
+    stamps = _first_stamps(probe, [TopicPartition(r.topic, r.partition, r.start) for r in intent.ranges if r.span])
     if not stamps:
         return high
     found = probe.offsets_for_times([TopicPartition(topic, 0, max(0, min(stamps) - MANIFEST_LOOKBACK_MS))],
                                     timeout=15)
     offset = found[0].offset
     return low if offset < 0 and offset != -1 else (high if offset < 0 else max(low, offset))
+
+
+#: How long :func:`_first_stamps` waits for the first records before guessing without the rest.
+FIRST_STAMPS_SECONDS = 15.0
+
+
+def _first_stamps(consumer: Any, starts: list[Any]) -> list[int]:
+    """The timestamps of the records at ``starts`` (or the first ones after), one per partition.
+
+    Read with the manifest's ``read_uncommitted`` consumer, which fetches nothing else: a new
+    consumer's start was half of a first batch's manifest read (docs/benchmarks.md). A
+    partition that answers with an error or not in time gives nothing: the start is only a
+    guess, and the batch's guard holds whatever it misses.
+    """
+    from confluent_kafka import KafkaError
+
+    stamps: list[int] = []
+    waiting = {(tp.topic, tp.partition) for tp in starts}
+    consumer.assign(starts)
+    try:
+        deadline = time.monotonic() + FIRST_STAMPS_SECONDS
+        while waiting and time.monotonic() < deadline:
+            m = consumer.poll(0.1)
+            if m is None or (m.topic(), m.partition()) not in waiting:
+                continue
+            waiting.discard((m.topic(), m.partition()))
+            if m.error() is None:
+                stamps.append(m.timestamp()[1])
+            elif m.error().code() != KafkaError._PARTITION_EOF:
+                log.debug("no first record of %s[%s] for the manifest's start: %s", m.topic(), m.partition(),
+                          m.error())
+    finally:
+        consumer.unassign()
+    return stamps
 
 
 def listed_ranges(client_config: Mapping[str, str], pipeline: PipelineConfig, intent: Intent) -> RelayRanges:

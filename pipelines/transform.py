@@ -14,14 +14,13 @@ transaction incomplete, past its timeout.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
-import os
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from connectors.kafka_config import fingerprint
 from offsets.ledger import Intent
 from offsets.protocol import ERROR_COLUMN, BatchFrames
 from pipelines.dedup import EVENT_ID_COLUMN, flag_duplicates
@@ -83,10 +82,6 @@ on 9 tasks and 9 Parquet files than on its rows (commit step 0.78 s vs 1.05 s pe
 2,000 events/s, docs/benchmarks.md), and readers get fewer small files."""
 
 
-#: Keys the readers' group id: the same within this process, never the same in another.
-_GROUP_KEY = os.urandom(16)
-
-
 def reader_group(kafka_options: dict[str, str]) -> str:
     """The group id of every Kafka read of this process with these options.
 
@@ -95,18 +90,11 @@ def reader_group(kafka_options: dict[str, str]) -> str:
     authenticate, fetch metadata), 0.15-0.3 s of a follower's small batch (2.5x the read
     itself, docs/benchmarks.md). A stable id lets a batch reuse the consumers the last one
     left. No group is ever joined or committed to (the reads assign their partitions), so
-    readers sharing it do not interfere. The pool knows a consumer only by that id, so
-    the id is an HMAC of all the options, credentials included, and of the files they
-    name (CA, keystore): a changed password, or a certificate replaced even in place,
-    gets new consumers; and the id, keyed by a random key of this process, says nothing
-    of them.
+    readers sharing it do not interfere. The pool knows a consumer only by that id, so the
+    id is the options' :func:`~connectors.kafka_config.fingerprint`: new consumers when a
+    credential changes, and nothing said of them.
     """
-    mac = hmac.new(_GROUP_KEY, json.dumps(sorted(kafka_options.items())).encode(), hashlib.sha256)
-    for key, value in sorted(kafka_options.items()):  # a CA or keystore replaced in place counts as a change
-        if key.endswith(".location") and os.path.isfile(value):
-            with open(value, "rb") as f:
-                mac.update(f.read())
-    return "tidemark-read-" + mac.hexdigest()[:20]
+    return "tidemark-read-" + fingerprint(kafka_options)
 
 
 def read_ranges(spark: SparkSession, kafka_options: dict[str, str], intent: Intent) -> DataFrame:
@@ -156,8 +144,32 @@ class FrameColumns:
     is_bad: Column
 
 
+#: Per session, the :class:`FrameColumns` of each pipeline configuration a job built them for.
+_KEPT_COLUMNS: weakref.WeakKeyDictionary[SparkSession, dict[PipelineConfig, FrameColumns]] = (
+    weakref.WeakKeyDictionary())
+
+#: At most this many pipeline configurations' columns kept per session (a served driver runs a few).
+KEPT_COLUMNS_PER_SESSION = 64
+
+
 def frame_columns(spark: SparkSession, pipeline: PipelineConfig) -> FrameColumns:
-    """:class:`FrameColumns` of ``pipeline`` in ``spark`` (whose functions decide some of them)."""
+    """:class:`FrameColumns` of ``pipeline`` in ``spark`` (whose functions decide some of them).
+
+    Built once per session and configuration: a served driver's scheduled runs, each a new
+    job, then skip the hundred-odd py4j round trips (0.05-0.1 s of a G3 run's step 4,
+    docs/benchmarks.md). A changed configuration is another key, so it gets its own.
+    """
+    kept = _KEPT_COLUMNS.setdefault(spark, {})
+    columns = kept.get(pipeline)
+    if columns is None:
+        columns = _frame_columns(spark, pipeline)
+        if len(kept) >= KEPT_COLUMNS_PER_SESSION:
+            kept.clear()
+        kept[pipeline] = columns
+    return columns
+
+
+def _frame_columns(spark: SparkSession, pipeline: PipelineConfig) -> FrameColumns:
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 

@@ -54,7 +54,16 @@ def kafka_cluster(settings: Settings, state: Path, *, brokers: int = 1) -> Itera
     try:
         yield cluster.bootstrap_servers, cluster
     finally:
-        cluster.stop()
+        _stop(cluster)
+
+
+def _stop(cluster: EmbeddedKafka) -> None:
+    """Stop ``cluster``, closing first the manifest consumers runs kept for later ones (else they
+    retry the stopped brokers, and log each retry, until they expire)."""
+    from pipelines.transactions import ManifestConsumers
+
+    ManifestConsumers.close_idle()
+    cluster.stop()
 
 
 @contextmanager
@@ -97,4 +106,4 @@ def secured_kafka(settings: Settings, root: Path, security: str, *, brokers: int
     try:
         yield cluster
     finally:
-        cluster.stop()
+        _stop(cluster)

@@ -176,6 +176,7 @@ def test_the_manifest_cut_equals_the_scan_cut_version_by_version_with_no_scan(
     monkeypatch.setattr(transactions, "_summarized",
                         lambda *a: summaries.append(found := real_summarized(*a)) or found)
     by_manifest = config("manifest", manifest_topic=setup.manifest_topic)
+    transactions.ManifestConsumers.close_idle()  # none kept from an earlier test's runs
     IngestJob(spark, by_manifest, by_manifest.pipelines[0], kafka_bootstrap).run_bounded()
     assert scans == [], "the manifest path read the records' headers"
     # Records inside a batch were read from their summary header, the others decoded.
