@@ -577,6 +577,7 @@ class ManifestConsumers:
 
     _idle: ClassVar[dict[str, list[tuple[float, ManifestConsumers]]]] = {}
     _lock: ClassVar[threading.Lock] = threading.Lock()
+    _reaper: ClassVar[threading.Timer | None] = None
 
     def __init__(self, client_config: Mapping[str, str]) -> None:
         self.client_config = client_config
@@ -601,9 +602,24 @@ class ManifestConsumers:
         finally:
             with cls._lock:
                 cls._idle.setdefault(key, []).append((time.monotonic(), consumers))
-            reaper = threading.Timer(KEPT_SECONDS, cls.close_idle, kwargs={"older_than": KEPT_SECONDS})
-            reaper.daemon = True
-            reaper.start()
+                if cls._reaper is None:
+                    cls._reap_later()
+
+    @classmethod
+    def _reap_later(cls) -> None:
+        """One timer for all kept consumers: in :data:`KEPT_SECONDS`, close the expired, and
+        wait again while any are kept. (Called holding the lock.)"""
+        def reap() -> None:
+            cls.close_idle(older_than=KEPT_SECONDS)
+            with cls._lock:
+                if cls._reaper is timer:  # (not cancelled and replaced meanwhile)
+                    cls._reaper = None
+                    if cls._idle:
+                        cls._reap_later()
+
+        timer = cls._reaper = threading.Timer(KEPT_SECONDS, reap)
+        timer.daemon = True
+        timer.start()
 
     @classmethod
     def close_idle(cls, older_than: float = 0.0) -> int:
@@ -615,6 +631,9 @@ class ManifestConsumers:
                 cls._idle[key] = [(at, c) for at, c in cls._idle[key] if now - at < older_than]
                 if not cls._idle[key]:
                     del cls._idle[key]
+            if not cls._idle and cls._reaper is not None:
+                cls._reaper.cancel()  # nothing left to wait for
+                cls._reaper = None
         for consumers in stale:
             consumers.close()
         return len(stale)

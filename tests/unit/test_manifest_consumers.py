@@ -58,3 +58,22 @@ def test_a_certificate_replaced_in_place_gets_new_consumers(tmp_path) -> None:  
     ca.write_text("new")
     with ManifestConsumers.kept(config) as second:
         assert second is not first
+
+
+def test_one_timer_closes_every_expired_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from pipelines import transactions
+
+    monkeypatch.setattr(transactions, "KEPT_SECONDS", 0.2)
+    before = threading.active_count()
+    for n in range(5):
+        with ManifestConsumers.kept({"bootstrap.servers": f"b:{n}"}):
+            pass
+    assert threading.active_count() <= before + 1, "a timer per run"
+    deadline = threading.Event()
+    for _ in range(50):
+        if not ManifestConsumers._idle:
+            break
+        deadline.wait(0.05)
+    assert not ManifestConsumers._idle, "kept consumers outlived KEPT_SECONDS"
