@@ -185,8 +185,9 @@ class IngestJob:
     def _run_scope(self) -> Iterator[None]:
         """What the batches of the outermost run (one :meth:`run_to`, or all of :meth:`follow`) share:
         the manifest's consumers (kept afterwards for the process's next run with the same
-        settings: :meth:`~pipelines.transactions.ManifestConsumers.kept`), and the admin client its snapshots ask (a follower's snapshot is then one metadata and one
-        offsets round trip, not a new client's connection)."""
+        settings: :meth:`~pipelines.transactions.ManifestConsumers.kept`), and the admin
+        client its snapshots ask (a follower's snapshot is then one metadata and one offsets
+        round trip, not a new client's connection)."""
         if self._manifest_reads is not None:
             yield
             return
