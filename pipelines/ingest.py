@@ -23,7 +23,7 @@ from offsets.ledger import Intent
 from offsets.protocol import BatchResult, CommitProtocol
 from pipelines import transactions
 from pipelines.dedup import table_version
-from pipelines.transform import frame_columns, frames
+from pipelines.transform import frames
 from tidemark.config import PipelineConfig, TidemarkConfig
 from tidemark.errors import ConfigError, TidemarkError
 
@@ -76,8 +76,7 @@ class IngestJob:
             spark, pipeline=pipeline.name, target=pipeline.target, quarantine=pipeline.quarantine_path,
             ledger=pipeline.ledger_path, partition_by=pipeline.partition_by, decide=self._decide, revise=self._revise,
             build_frames=lambda intent: frames(spark, self.kafka_options, pipeline, intent,
-                                               dedup_table=self.dedup_table, listed=self._listed_for(intent),
-                                               columns=frame_columns(spark, pipeline)),
+                                               dedup_table=self.dedup_table, listed=self._listed_for(intent)),
             table_properties=pipeline.maintenance.table_properties(),
             checkpoint_every=pipeline.maintenance.checkpoint_interval,
         )

@@ -239,14 +239,12 @@ def _frame_columns(spark: SparkSession, pipeline: PipelineConfig) -> FrameColumn
 
 
 def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: PipelineConfig, intent: Intent,
-           *, dedup_table: str | None = None, listed: RelayRanges = (),
-           columns: FrameColumns | None = None) -> BatchFrames:
+           *, dedup_table: str | None = None, listed: RelayRanges = ()) -> BatchFrames:
     """The batch's frames; ``dedup_table`` is where dedup looks ids up (default: the target);
-    ``listed``: what a manifest cut listed for it (the guard lets those transactions be);
-    ``columns``: :func:`frame_columns` of this session and pipeline, if the caller keeps them."""
+    ``listed``: what a manifest cut listed for it (the guard lets those transactions be)."""
     from pyspark.sql import functions as F
 
-    cols = columns or frame_columns(spark, pipeline)
+    cols = frame_columns(spark, pipeline)  # kept per session and configuration
     constant = cols.constant
 
     def check(read: DataFrame) -> DataFrame:
