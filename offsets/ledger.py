@@ -239,9 +239,10 @@ class Ledger:
         Returns True when this call committed the row and False when it did not (the batch
         id was held already, or a rival's commit with the same ``txnAppId`` won the race);
         None when only ``observation`` (a count, filled only if the append ran its job) and
-        history can tell: the append that creates the ledger, and one that must add a
-        column to a ledger from before ``decisions``, go through Spark. ``write`` tags the
-        commit's metadata, so the caller can tell its own commit from a rival's in history.
+        history can tell: an append that must add a column to a ledger from before
+        ``decisions``, and one whose creation of the ledger lost a race, go through Spark.
+        ``write`` tags the commit's metadata, so the caller can tell its own commit from a
+        rival's in history.
 
         Every other append is written by delta-rs: the same row, ``txn`` action and
         ``userMetadata`` as Spark's, in ~0.01 s instead of ~0.6 s, because Spark's
@@ -249,7 +250,10 @@ class Ledger:
         (docs/benchmarks.md, session 15). The fence is the same: the app's version is read
         from the snapshot the commit is made against, and delta-rs refuses the commit if any
         commit since then carries a ``txn`` of this app (Delta's concurrent-transaction
-        conflict, as Spark's own check does).
+        conflict, as Spark's own check does). The first append creates the ledger the same
+        way (version 0 is written only if absent), with the schema and properties Spark's
+        would give it: through Spark it cost a new pipeline's first `tidemark ingest` 6 s
+        of a cold JVM (docs/benchmarks.md, session 31).
         """
         if revision and intent.guarded:
             raise ValueError("a revision is a scanned plan; it cannot be guarded again")
@@ -271,32 +275,57 @@ class Ledger:
         return None
 
     def _append_without_spark(self, intent: Intent, app_id: str, metadata: str) -> bool | None:
-        """The append by delta-rs (see :meth:`append`); None if the ledger is missing or lacks a column."""
+        """The append by delta-rs (see :meth:`append`); None if the ledger lacks a column or a rival created it."""
         import pyarrow as pa
         from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-        from deltalake.exceptions import CommitFailedError, TableNotFoundError
+        from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
-        try:
-            table = DeltaTable(self.path)  # the snapshot the commit is checked against
-        except TableNotFoundError:
-            return None
-        schema = pa.schema(table.schema().to_arrow())
         row = {"pipeline": intent.pipeline, "batch_id": intent.batch_id, "writer": intent.writer,
                "planned_at": intent.planned_at.astimezone(UTC),
                "ranges": [{"topic": r.topic, "partition": r.partition, "start_offset": r.start,
                            "end_offset": r.end} for r in intent.ranges],
                "decisions": intent.decisions_json()}
+        commit = CommitProperties(custom_metadata={"userMetadata": metadata},
+                                  app_transactions=[Transaction(app_id, intent.batch_id)])
+        try:
+            table = DeltaTable(self.path)  # the snapshot the commit is checked against
+        except TableNotFoundError:
+            # No retry: delta-rs would retry a create that lost the race for version 0 as
+            # version 1, with a second txn of the same batch (a test caught two claims).
+            create = CommitProperties(custom_metadata={"userMetadata": metadata}, max_commit_retries=0,
+                                      app_transactions=[Transaction(app_id, intent.batch_id)])
+            try:
+                write_deltalake(self.path, pa.Table.from_pylist([row], schema=ledger_arrow_schema()), mode="error",
+                                configuration=self.table_properties or None, commit_properties=create)
+            except DeltaError:
+                # A rival created it first (or the store refused): Spark's append decides, with
+                # its txn check against whatever the ledger now holds.
+                return None
+            return True
+        schema = pa.schema(table.schema().to_arrow())
         if set(schema.names) != set(row):
             return None
         if (table.transaction_version(app_id) or 0) >= intent.batch_id:
             return False
         try:
             write_deltalake(table, pa.Table.from_pylist([row], schema=schema), mode="append",
-                            commit_properties=CommitProperties(custom_metadata={"userMetadata": metadata},
-                                                               app_transactions=[Transaction(app_id, intent.batch_id)]))
+                            commit_properties=commit)
         except CommitFailedError:
             return False  # a commit since our snapshot carries this app's txn: a rival's claim
         return True
+
+
+def ledger_arrow_schema() -> Any:
+    """:data:`LEDGER_SCHEMA` in Arrow, as delta-rs creates a ledger (every column nullable, as
+    Spark's Delta writer makes a new table's; ``planned_at`` an instant in UTC: Delta's ``timestamp``)."""
+    import pyarrow as pa
+
+    return pa.schema([
+        ("pipeline", pa.string()), ("batch_id", pa.int64()), ("writer", pa.string()),
+        ("planned_at", pa.timestamp("us", tz="UTC")),
+        ("ranges", pa.list_(pa.struct([("topic", pa.string()), ("partition", pa.int32()),
+                                       ("start_offset", pa.int64()), ("end_offset", pa.int64())]))),
+        ("decisions", pa.string())])
 
 
 def _intent(row: Mapping[str, Any]) -> Intent:
