@@ -37,21 +37,27 @@ def test_a_claim_lands_once_and_spark_reads_what_delta_rs_wrote(spark, tmp_path)
     assert any('"write": "second"' in h.userMetadata or '"write":"second"' in h.userMetadata for h in history)
 
 
+def _claims_at_once(spark, path: str, batch: int) -> dict[str, bool | None]:  # type: ignore[no-untyped-def]
+    """Four writers' claims of ``batch``, released together; what each append returned."""
+    start, results = threading.Barrier(4), {}
+
+    def claim(writer: str) -> None:
+        start.wait()
+        results[writer] = Ledger(spark, path, "orders").append(_intent(batch, writer, batch * 10), write=writer)
+
+    threads = [threading.Thread(target=claim, args=(w,)) for w in "wxyz"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return results
+
+
 def test_racing_claims_of_one_batch_let_exactly_one_land(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
     ledger = Ledger(spark, str(tmp_path / "ledger"), "orders")
     ledger.append(_intent(1, "seed", 10))
     for batch in range(2, 8):
-        start, results = threading.Barrier(4), {}
-
-        def claim(writer: str, b: int = batch, go: threading.Barrier = start, out: dict = results) -> None:  # type: ignore[type-arg]
-            go.wait()
-            out[writer] = Ledger(spark, ledger.path, "orders").append(_intent(b, writer, b * 10), write=writer)
-
-        threads = [threading.Thread(target=claim, args=(w,)) for w in "wxyz"]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        results = _claims_at_once(spark, ledger.path, batch)
         winners = [w for w, ok in results.items() if ok]
         assert len(results) == 4 and len(winners) == 1, results
         assert ledger.get(batch).writer == winners[0]  # type: ignore[union-attr]
@@ -83,17 +89,7 @@ def test_a_ledger_created_by_delta_rs_is_the_one_spark_would_create(spark, tmp_p
 
 def test_racing_creators_of_a_ledger_let_exactly_one_claim_land(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
     path = str(tmp_path / "ledger")
-    start, results = threading.Barrier(4), {}
-
-    def claim(writer: str) -> None:
-        start.wait()
-        results[writer] = Ledger(spark, path, "orders").append(_intent(1, writer, 10), write=writer)
-
-    threads = [threading.Thread(target=claim, args=(w,)) for w in "wxyz"]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    results = _claims_at_once(spark, path, 1)
     # The creator's commit says True; a loser's Spark append finds batch 1 held and skips it.
     winners = [w for w, ok in results.items() if ok]
     assert len(results) == 4 and len(winners) == 1 and results[winners[0]] is True, results
