@@ -285,18 +285,20 @@ class Ledger:
                "ranges": [{"topic": r.topic, "partition": r.partition, "start_offset": r.start,
                            "end_offset": r.end} for r in intent.ranges],
                "decisions": intent.decisions_json()}
-        commit = CommitProperties(custom_metadata={"userMetadata": metadata},
-                                  app_transactions=[Transaction(app_id, intent.batch_id)])
+
+        def commit(**retries: int) -> CommitProperties:
+            return CommitProperties(custom_metadata={"userMetadata": metadata},
+                                    app_transactions=[Transaction(app_id, intent.batch_id)], **retries)
+
         try:
             table = DeltaTable(self.path)  # the snapshot the commit is checked against
         except TableNotFoundError:
             # No retry: delta-rs would retry a create that lost the race for version 0 as
             # version 1, with a second txn of the same batch (a test caught two claims).
-            create = CommitProperties(custom_metadata={"userMetadata": metadata}, max_commit_retries=0,
-                                      app_transactions=[Transaction(app_id, intent.batch_id)])
             try:
-                write_deltalake(self.path, pa.Table.from_pylist([row], schema=ledger_arrow_schema()), mode="error",
-                                configuration=self.table_properties or None, commit_properties=create)
+                write_deltalake(self.path, pa.Table.from_pylist([row], schema=_arrow_schema()), mode="error",
+                                configuration=self.table_properties or None,
+                                commit_properties=commit(max_commit_retries=0))
             except DeltaError:
                 # A rival created it first (or the store refused): Spark's append decides, with
                 # its txn check against whatever the ledger now holds.
@@ -309,13 +311,13 @@ class Ledger:
             return False
         try:
             write_deltalake(table, pa.Table.from_pylist([row], schema=schema), mode="append",
-                            commit_properties=commit)
+                            commit_properties=commit())
         except CommitFailedError:
             return False  # a commit since our snapshot carries this app's txn: a rival's claim
         return True
 
 
-def ledger_arrow_schema() -> Any:
+def _arrow_schema() -> Any:
     """:data:`LEDGER_SCHEMA` in Arrow, as delta-rs creates a ledger (every column nullable, as
     Spark's Delta writer makes a new table's; ``planned_at`` an instant in UTC: Delta's ``timestamp``)."""
     import pyarrow as pa
