@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from offsets.tables import delta_table_exists, txn_version
+from offsets.tables import delta_table_exists
 from tidemark.errors import TerminalError
 
 if TYPE_CHECKING:
@@ -368,13 +368,36 @@ def read_ledger(path: str, pipeline: str, *, first: int | None = None, last: int
     ``pipeline`` and ``batch_id`` keeps a read of the newest batch from growing with the
     ledger. Object stores take their credentials from the environment, as delta-rs reads them.
     """
+    table = _open(path)
+    return [] if table is None else _read(table, pipeline, first, last)
+
+
+def read_last(path: str, pipeline: str) -> Intent | None:
+    """The newest intent of ``pipeline`` (as :meth:`Ledger.last`), with no JVM.
+
+    The ledger's ``txn`` state names the newest batch (as ``offsets.tables.txn_version``
+    reads it); its row comes from the same snapshot, so the log is loaded once.
+    """
+    table = _open(path)
+    newest = None if table is None else table.transaction_version(pipeline)
+    if table is None or newest is None:
+        return None
+    found = _read(table, pipeline, newest, newest)
+    return found[0] if found else None
+
+
+def _open(path: str) -> Any:
+    """The newest snapshot of the Delta table at ``path`` (delta-rs), or None if there is no table."""
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
     try:
-        table = DeltaTable(path)
+        return DeltaTable(path)
     except TableNotFoundError:
-        return []
+        return None
+
+
+def _read(table: Any, pipeline: str, first: int | None, last: int | None) -> list[Intent]:
     filters: list[tuple[str, str, Any]] = [("pipeline", "=", pipeline)]
     if first is not None:
         filters.append(("batch_id", ">=", int(first)))
@@ -385,15 +408,6 @@ def read_ledger(path: str, pipeline: str, *, first: int | None = None, last: int
                           if c in names]
     rows = table.to_pyarrow_table(columns=columns, filters=filters).to_pylist()
     return _merged(_intent(row) for row in sorted(rows, key=lambda r: r["batch_id"]))
-
-
-def read_last(path: str, pipeline: str) -> Intent | None:
-    """The newest intent of ``pipeline`` (as :meth:`Ledger.last`), with no JVM."""
-    newest = txn_version(path, pipeline)
-    if newest is None:
-        return None
-    found = read_ledger(path, pipeline, first=newest, last=newest)
-    return found[0] if found else None
 
 
 def now_utc() -> datetime:
