@@ -61,6 +61,7 @@ public final class JsonFromBytes extends TidemarkExpression {
     private final String corrupt;
     private final String timeZone;
     private transient FailureSafeParser<UTF8String> parser;
+    private transient PlainJson plain;
 
     public JsonFromBytes(Expression child, StructType schema, String corrupt, String timeZone) {
         this.child = child;
@@ -176,7 +177,17 @@ public final class JsonFromBytes extends TidemarkExpression {
         if (input == null) {
             return null;
         }
-        Iterator<InternalRow> rows = parser().parse((UTF8String) input);
+        UTF8String value = (UTF8String) input;
+        if (plainUtf8(value)) {
+            if (plain == null) {
+                plain = new PlainJson(schema, corrupt);
+            }
+            InternalRow parsed = plain.parse(value);
+            if (parsed != null) {
+                return parsed;
+            }
+        }
+        Iterator<InternalRow> rows = parser().parse(value);
         return rows.hasNext() ? rows.next() : null;
     }
 

@@ -1,0 +1,658 @@
+package io.tidemark.spark;
+
+import java.lang.invoke.MethodHandles;
+import java.lang.invoke.VarHandle;
+import java.nio.ByteOrder;
+import java.nio.charset.StandardCharsets;
+import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
+import org.apache.spark.sql.catalyst.util.GenericArrayData;
+import org.apache.spark.sql.types.ArrayType;
+import org.apache.spark.sql.types.BooleanType;
+import org.apache.spark.sql.types.DataType;
+import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.sql.types.DoubleType;
+import org.apache.spark.sql.types.IntegerType;
+import org.apache.spark.sql.types.LongType;
+import org.apache.spark.sql.types.StructField;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.unsafe.types.UTF8String;
+
+/**
+ * A one-pass reader of the JSON objects most topics carry, giving {@link JsonFromBytes} the
+ * row {@code from_json} would, or {@code null} when it cannot be sure (the caller then asks
+ * Spark's own parser).
+ *
+ * <p>Why: through Jackson and Spark's {@code JacksonParser}, every string is decoded from
+ * UTF-8 to chars, made a {@code String}, and encoded back to UTF-8 for its {@code UTF8String};
+ * every field is found through a converter per token. A bulk ingest of 1 KB records spent
+ * 16 % of its CPU there (docs/benchmarks.md, session 32). Here the value's bytes are read
+ * once: a string without escapes becomes a view of them, a number is parsed from its digits.
+ *
+ * <p>It answers only for what it reads exactly as {@code from_json} (PERMISSIVE, Spark's
+ * default JSON options) does, and returns {@code null} for everything else, which is then
+ * Spark's to decide: a root that is not an object; anything after it but whitespace; a
+ * duplicate key, or one that names a field in other letter case, or has an escape, or is
+ * over 1,000 bytes; more than 256 keys; nesting deeper than 64; any syntax Jackson would
+ * reject or accept only by Spark's lenient options (single quotes, NaN, leading zeros,
+ * control characters in strings, unknown escapes); a value of another JSON type than its
+ * field's (a number for a string, a string for a number, a fraction for an integer); an
+ * integer out of its field's range; a lone surrogate escape; bytes that are not strict
+ * UTF-8; a field of a type not read here (anything but string, bigint, int, double,
+ * boolean, arrays and structs of them) when the record has it. Two details it matches
+ * deliberately: a double field given the integer {@code -0} is {@code 0.0} (Jackson reads an
+ * integer token as an integer first), and unknown keys' values are checked as strictly as
+ * known ones. {@code tests/integration/test_spark_functions.py} holds the answers to
+ * {@code from_json}'s on edge and random values, and checks that ordinary records are read
+ * here rather than handed back.
+ */
+public final class PlainJson {
+    private static final int STRING = 0, LONG = 1, INT = 2, DOUBLE = 3, BOOLEAN = 4, ARRAY = 5, STRUCT = 6,
+            OTHER = 7;
+    private static final int MAX_DEPTH = 64, MAX_KEYS = 256, MAX_KEY_BYTES = 1000, MAX_NUMBER_CHARS = 100,
+            MAX_STRING_BYTES = 1_000_000;
+
+    /** Thrown to hand a record back to Spark's parser; without a stack, it costs no more than a return. */
+    private static final class Unsure extends RuntimeException {
+        private static final long serialVersionUID = 1L;
+
+        Unsure() {
+            super(null, null, false, false);
+        }
+    }
+
+    private static final Unsure UNSURE = new Unsure();
+
+    /** How to read a value of one Spark type. */
+    private static final class Reader {
+        final int kind;
+        final Reader element; // ARRAY
+        final Fields fields; // STRUCT
+
+        Reader(DataType type) {
+            if (DataTypes.StringType.equals(type)) { // not a collated string: Spark compares those its own way
+                kind = STRING;
+            } else if (type instanceof LongType) {
+                kind = LONG;
+            } else if (type instanceof IntegerType) {
+                kind = INT;
+            } else if (type instanceof DoubleType) {
+                kind = DOUBLE;
+            } else if (type instanceof BooleanType) {
+                kind = BOOLEAN;
+            } else if (type instanceof ArrayType) {
+                kind = ARRAY;
+                element = new Reader(((ArrayType) type).elementType());
+                fields = null;
+                return;
+            } else if (type instanceof StructType) {
+                kind = STRUCT;
+                element = null;
+                fields = new Fields((StructType) type, null);
+                return;
+            } else {
+                kind = OTHER;
+            }
+            element = null;
+            fields = null;
+        }
+    }
+
+    /** A struct's fields: names as UTF-8, readers, and where each goes in the row. */
+    private static final class Fields {
+        final byte[][] names;
+        final String[] lowered;
+        final Reader[] readers;
+        final int[] slots;
+        final int width;
+
+        /** {@code skipped}: a field of the row that the JSON never fills (the corrupt record column). */
+        Fields(StructType type, String skipped) {
+            StructField[] all = type.fields();
+            int n = 0;
+            for (StructField f : all) {
+                if (!f.name().equals(skipped)) {
+                    n++;
+                }
+            }
+            names = new byte[n][];
+            lowered = new String[n];
+            readers = new Reader[n];
+            slots = new int[n];
+            int k = 0;
+            for (int i = 0; i < all.length; i++) {
+                if (all[i].name().equals(skipped)) {
+                    continue;
+                }
+                names[k] = all[i].name().getBytes(StandardCharsets.UTF_8);
+                lowered[k] = all[i].name().toLowerCase(java.util.Locale.ROOT);
+                readers[k] = new Reader(all[i].dataType());
+                slots[k] = i;
+                k++;
+            }
+            width = all.length;
+        }
+    }
+
+    private final Fields root;
+
+    /** For rows of {@code schema}, whose field {@code corrupt} (the corrupt record column) stays null. */
+    PlainJson(StructType schema, String corrupt) {
+        root = new Fields(schema, corrupt);
+    }
+
+    /** Whether this reader answers for {@code value} itself, under the schema {@code ddl} (for tests, through py4j). */
+    public static boolean answers(String ddl, String corrupt, byte[] value) {
+        return new PlainJson(StructType.fromDDL(ddl), corrupt).parse(UTF8String.fromBytes(value)) != null;
+    }
+
+    /** The row {@code from_json} gives for this UTF-8 text, or {@code null} when Spark's parser must decide. */
+    InternalRow parse(UTF8String value) {
+        byte[] bytes = value.getBytes(); // the string's own array when it has one to itself, else a copy
+        try {
+            Cursor c = new Cursor(bytes);
+            c.space();
+            if (c.at >= c.end || bytes[c.at] != '{') {
+                return null;
+            }
+            InternalRow row = c.object(root, 0);
+            c.space();
+            return c.at == c.end ? row : null;
+        } catch (Unsure | ArrayIndexOutOfBoundsException e) {
+            return null;
+        }
+    }
+
+    /** One record's reading position; reads past the end throw, which the caller takes as unsure. */
+    private static final class Cursor {
+        final byte[] b;
+        final int end;
+        int at;
+        int keys;
+
+        Cursor(byte[] bytes) {
+            b = bytes;
+            end = bytes.length;
+        }
+
+        void space() {
+            while (at < end) {
+                byte x = b[at];
+                if (x == ' ' || x == '\n' || x == '\r' || x == '\t') {
+                    at++;
+                } else {
+                    return;
+                }
+            }
+        }
+
+        void expect(byte x) {
+            if (b[at] != x) {
+                throw UNSURE;
+            }
+            at++;
+        }
+
+        /** At '{': the object's fields into a new row of {@code fields}' width. */
+        InternalRow object(Fields fields, int depth) {
+            if (depth >= MAX_DEPTH) {
+                throw UNSURE;
+            }
+            at++; // '{'
+            Object[] out = new Object[fields.width];
+            long seen = 0;
+            boolean[] seenMore = fields.names.length > 64 ? new boolean[fields.names.length] : null;
+            int next = 0; // fields usually come in schema order: try the one after the last first
+            space();
+            if (b[at] == '}') {
+                at++;
+                return new GenericInternalRow(out);
+            }
+            while (true) {
+                if (++keys > MAX_KEYS) {
+                    throw UNSURE;
+                }
+                space();
+                expect((byte) '"');
+                int start = at;
+                while (b[at] != '"') {
+                    int x = b[at];
+                    if (x == '\\' || (x >= 0 && x < 0x20)) {
+                        throw UNSURE; // an escaped key (rare), or a control character
+                    }
+                    at = x >= 0 ? at + 1 : utf8Char(at);
+                }
+                int length = at - start;
+                if (length > MAX_KEY_BYTES) {
+                    throw UNSURE;
+                }
+                at++;
+                int field = find(fields, start, length, next);
+                space();
+                expect((byte) ':');
+                space();
+                if (field < 0) {
+                    // Jackson's keys are compared by exact name; a key differing only in case is left to Spark.
+                    String key = utf8(start, length).toString().toLowerCase(java.util.Locale.ROOT);
+                    for (String known : fields.lowered) {
+                        if (known.equals(key)) {
+                            throw UNSURE;
+                        }
+                    }
+                    skip(depth + 1);
+                } else {
+                    if (field < 64) {
+                        if ((seen & (1L << field)) != 0) {
+                            throw UNSURE; // a duplicate key
+                        }
+                        seen |= 1L << field;
+                    } else {
+                        if (seenMore[field]) {
+                            throw UNSURE;
+                        }
+                        seenMore[field] = true;
+                    }
+                    out[fields.slots[field]] = value(fields.readers[field], depth + 1);
+                    next = field + 1;
+                }
+                space();
+                byte x = b[at++];
+                if (x == '}') {
+                    return new GenericInternalRow(out);
+                }
+                if (x != ',') {
+                    throw UNSURE;
+                }
+            }
+        }
+
+        int find(Fields fields, int start, int length, int next) {
+            byte[][] names = fields.names;
+            if (next < names.length && same(names[next], start, length)) {
+                return next;
+            }
+            for (int i = 0; i < names.length; i++) {
+                if (i != next && same(names[i], start, length)) {
+                    return i;
+                }
+            }
+            return -1;
+        }
+
+        boolean same(byte[] name, int start, int length) {
+            if (name.length != length) {
+                return false;
+            }
+            for (int i = 0; i < length; i++) {
+                if (name[i] != b[start + i]) {
+                    return false;
+                }
+            }
+            return true;
+        }
+
+        /** A value for a field read by {@code reader}; null for JSON null. */
+        Object value(Reader reader, int depth) {
+            byte x = b[at];
+            if (x == 'n') {
+                literal("null");
+                return null;
+            }
+            switch (reader.kind) {
+                case STRING:
+                    if (x != '"') {
+                        throw UNSURE; // Spark writes other JSON out as text; its parser does that
+                    }
+                    return string();
+                case LONG:
+                case INT: {
+                    int start = at;
+                    if (number()) {
+                        throw UNSURE; // a fraction or an exponent for an integer field
+                    }
+                    long v;
+                    try {
+                        v = Long.parseLong(ascii(start, at - start));
+                    } catch (NumberFormatException e) {
+                        throw UNSURE; // out of range
+                    }
+                    if (reader.kind == LONG) {
+                        return v;
+                    }
+                    if (v < Integer.MIN_VALUE || v > Integer.MAX_VALUE) {
+                        throw UNSURE;
+                    }
+                    return (int) v;
+                }
+                case DOUBLE: {
+                    int start = at;
+                    boolean fraction = number();
+                    String text = ascii(start, at - start);
+                    double v = Double.parseDouble(text);
+                    // Jackson reads an integer token as an integer first: "-0" becomes 0, then 0.0.
+                    return !fraction && v == 0.0 ? 0.0 : v;
+                }
+                case BOOLEAN:
+                    if (x == 't') {
+                        literal("true");
+                        return true;
+                    }
+                    if (x == 'f') {
+                        literal("false");
+                        return false;
+                    }
+                    throw UNSURE;
+                case ARRAY: {
+                    if (x != '[' || depth >= MAX_DEPTH) {
+                        throw UNSURE;
+                    }
+                    at++;
+                    java.util.ArrayList<Object> items = new java.util.ArrayList<>();
+                    space();
+                    if (b[at] == ']') {
+                        at++;
+                        return new GenericArrayData(items.toArray());
+                    }
+                    while (true) {
+                        space();
+                        items.add(value(reader.element, depth + 1));
+                        space();
+                        byte y = b[at++];
+                        if (y == ']') {
+                            return new GenericArrayData(items.toArray());
+                        }
+                        if (y != ',') {
+                            throw UNSURE;
+                        }
+                    }
+                }
+                case STRUCT:
+                    if (x != '{') {
+                        throw UNSURE;
+                    }
+                    return object(reader.fields, depth);
+                default:
+                    throw UNSURE;
+            }
+        }
+
+        /** Past any JSON value, checking it as strictly as reading it would. */
+        void skip(int depth) {
+            if (depth >= MAX_DEPTH) {
+                throw UNSURE;
+            }
+            byte x = b[at];
+            switch (x) {
+                case '"':
+                    string();
+                    return;
+                case 't':
+                    literal("true");
+                    return;
+                case 'f':
+                    literal("false");
+                    return;
+                case 'n':
+                    literal("null");
+                    return;
+                case '[': {
+                    at++;
+                    space();
+                    if (b[at] == ']') {
+                        at++;
+                        return;
+                    }
+                    while (true) {
+                        space();
+                        skip(depth + 1);
+                        space();
+                        byte y = b[at++];
+                        if (y == ']') {
+                            return;
+                        }
+                        if (y != ',') {
+                            throw UNSURE;
+                        }
+                    }
+                }
+                case '{':
+                    object(EMPTY, depth); // every key unknown: values checked, none kept
+                    return;
+                default:
+                    number();
+            }
+        }
+
+        void literal(String word) {
+            for (int i = 0; i < word.length(); i++) {
+                if (b[at + i] != word.charAt(i)) {
+                    throw UNSURE;
+                }
+            }
+            at += word.length();
+            delimiter();
+        }
+
+        /** What may follow a scalar: the end, whitespace, ',', ']' or '}'; anything else is Jackson's to judge. */
+        void delimiter() {
+            if (at < end) {
+                byte x = b[at];
+                if (!(x == ',' || x == '}' || x == ']' || x == ' ' || x == '\n' || x == '\r' || x == '\t')) {
+                    throw UNSURE;
+                }
+            }
+        }
+
+        /** Past a JSON number (RFC 8259's grammar, no more); whether it has a fraction or an exponent. */
+        boolean number() {
+            int start = at;
+            if (b[at] == '-') {
+                at++;
+            }
+            if (b[at] == '0') {
+                at++;
+            } else if (b[at] >= '1' && b[at] <= '9') {
+                while (at < end && b[at] >= '0' && b[at] <= '9') {
+                    at++;
+                }
+            } else {
+                throw UNSURE;
+            }
+            boolean fraction = false;
+            if (at < end && b[at] == '.') {
+                fraction = true;
+                at++;
+                digits();
+            }
+            if (at < end && (b[at] == 'e' || b[at] == 'E')) {
+                fraction = true;
+                at++;
+                if (b[at] == '+' || b[at] == '-') {
+                    at++;
+                }
+                digits();
+            }
+            if (at - start > MAX_NUMBER_CHARS) {
+                throw UNSURE;
+            }
+            delimiter();
+            return fraction;
+        }
+
+        void digits() {
+            if (!(b[at] >= '0' && b[at] <= '9')) {
+                throw UNSURE;
+            }
+            while (at < end && b[at] >= '0' && b[at] <= '9') {
+                at++;
+            }
+        }
+
+        /** At '"': the string, a view of the bytes when it has no escapes. */
+        UTF8String string() {
+            int start = ++at;
+            while (true) {
+                if (at + 8 <= end && plainEight((long) LONGS.get(b, at))) {
+                    at += 8;
+                    continue;
+                }
+                int x = b[at];
+                if (x == '"') {
+                    break;
+                }
+                if (x == '\\') {
+                    return escaped(start);
+                }
+                if (x >= 0) {
+                    if (x < 0x20) {
+                        throw UNSURE;
+                    }
+                    at++;
+                } else {
+                    at = utf8Char(at);
+                }
+            }
+            int length = at - start;
+            at++;
+            if (length > MAX_STRING_BYTES) {
+                throw UNSURE;
+            }
+            return utf8(start, length);
+        }
+
+        /** A string with escapes, from its start; the cursor is at its first backslash. */
+        UTF8String escaped(int start) {
+            java.io.ByteArrayOutputStream out = new java.io.ByteArrayOutputStream(Math.max(16, (at - start) * 2));
+            out.write(b, start, at - start);
+            while (true) {
+                int x = b[at];
+                if (x == '"') {
+                    at++;
+                    break;
+                }
+                if (x == '\\') {
+                    byte e = b[at + 1];
+                    at += 2;
+                    switch (e) {
+                        case '"': out.write('"'); break;
+                        case '\\': out.write('\\'); break;
+                        case '/': out.write('/'); break;
+                        case 'b': out.write('\b'); break;
+                        case 'f': out.write('\f'); break;
+                        case 'n': out.write('\n'); break;
+                        case 'r': out.write('\r'); break;
+                        case 't': out.write('\t'); break;
+                        case 'u': {
+                            int c = hex4();
+                            if (Character.isHighSurrogate((char) c)) {
+                                if (b[at] != '\\' || b[at + 1] != 'u') {
+                                    throw UNSURE; // a lone surrogate
+                                }
+                                at += 2;
+                                int low = hex4();
+                                if (!Character.isLowSurrogate((char) low)) {
+                                    throw UNSURE;
+                                }
+                                c = Character.toCodePoint((char) c, (char) low);
+                            } else if (Character.isLowSurrogate((char) c)) {
+                                throw UNSURE;
+                            }
+                            byte[] encoded = new String(Character.toChars(c)).getBytes(StandardCharsets.UTF_8);
+                            out.write(encoded, 0, encoded.length);
+                            break;
+                        }
+                        default:
+                            throw UNSURE;
+                    }
+                } else if (x >= 0) {
+                    if (x < 0x20) {
+                        throw UNSURE;
+                    }
+                    out.write(x);
+                    at++;
+                } else {
+                    int from = at;
+                    at = utf8Char(at);
+                    out.write(b, from, at - from);
+                }
+                if (out.size() > MAX_STRING_BYTES) {
+                    throw UNSURE;
+                }
+            }
+            return UTF8String.fromBytes(out.toByteArray());
+        }
+
+        int hex4() {
+            int c = 0;
+            for (int i = 0; i < 4; i++) {
+                int d = Character.digit(b[at + i], 16);
+                if (d < 0) {
+                    throw UNSURE;
+                }
+                c = c * 16 + d;
+            }
+            at += 4;
+            return c;
+        }
+
+        /** Past one non-ASCII character at {@code i}, strict UTF-8 (as ValidUtf8 reads it). */
+        int utf8Char(int i) {
+            int c = b[i] & 0xFF;
+            if (c < 0xC2) {
+                throw UNSURE;
+            }
+            if (c < 0xE0) {
+                cont(i + 1);
+                return i + 2;
+            }
+            if (c < 0xF0) {
+                int c1 = b[i + 1] & 0xFF;
+                if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 > 0x9F)) {
+                    throw UNSURE; // overlong, or a surrogate
+                }
+                cont(i + 1);
+                cont(i + 2);
+                return i + 3;
+            }
+            if (c < 0xF5) {
+                int c1 = b[i + 1] & 0xFF;
+                if ((c == 0xF0 && c1 < 0x90) || (c == 0xF4 && c1 > 0x8F)) {
+                    throw UNSURE; // overlong, or above U+10FFFF
+                }
+                cont(i + 1);
+                cont(i + 2);
+                cont(i + 3);
+                return i + 4;
+            }
+            throw UNSURE;
+        }
+
+        void cont(int i) {
+            if ((b[i] & 0xC0) != 0x80) {
+                throw UNSURE;
+            }
+        }
+
+        UTF8String utf8(int start, int length) {
+            return UTF8String.fromBytes(b, start, length);
+        }
+
+        String ascii(int start, int length) {
+            return new String(b, start, length, StandardCharsets.ISO_8859_1);
+        }
+    }
+
+    private static final Fields EMPTY = new Fields(new StructType(), null);
+
+    private static final VarHandle LONGS = MethodHandles.byteArrayViewVarHandle(long[].class, ByteOrder.LITTLE_ENDIAN);
+    private static final long ONES = 0x0101010101010101L, HIGH = 0x8080808080808080L;
+
+    /** Whether none of eight bytes ends or escapes a string or needs a look: no '"', '\\', control or non-ASCII byte. */
+    static boolean plainEight(long w) {
+        long quote = w ^ (ONES * '"');
+        long backslash = w ^ (ONES * '\\');
+        // A byte below 0x20, a zero byte of `quote` or `backslash`: each sets its high bit (and may set more after it).
+        long special = ((w - ONES * 0x20) & ~w) | ((quote - ONES) & ~quote) | ((backslash - ONES) & ~backslash);
+        return ((special | w) & HIGH) == 0;
+    }
+}
