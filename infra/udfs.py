@@ -5,10 +5,10 @@ validation of every record (``tidemark_is_valid_utf8``, same answers as Spark's
 ``is_valid_utf8``, several times faster on mostly-ASCII values; see
 docs/benchmarks.md), G3's column (``tidemark_txn_headers``: a record's transaction headers
 in one pass over its headers, and the relay's compact per-topic counts read directly,
-anything else left to ``from_json``), the parse of every JSON value (``tidemark_from_json``: from_json's
-own parser, reading the bytes with Jackson's byte parser instead of through a per-record
-``InputStreamReader``; its answers except on keys built to defeat Jackson's name tables,
-see the class; 6 % off a 1M-record ingest), a batch's own constants kept out of the
+anything else left to ``from_json``), the parse of every JSON value (``tidemark_from_json``: an ordinary
+object read in one pass over its bytes, anything else by from_json's own parser reading the
+bytes with Jackson's byte parser instead of through a per-record ``InputStreamReader``;
+from_json's answers except on keys built to defeat Jackson's name tables, see the class), a batch's own constants kept out of the
 generated code (``tidemark_batch_constant``: one compiled write stage for every batch of a
 long-lived session instead of one per batch), and Delta's log store for local paths
 (``io.tidemark.delta.LocalListingLogStore``: lists ``_delta_log`` by name before asking

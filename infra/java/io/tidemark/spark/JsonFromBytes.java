@@ -48,6 +48,9 @@ import scala.runtime.AbstractFunction2;
  * (529 here) do the opposite; and a key over 50,000 UTF-8 bytes but not chars is corrupt
  * here only. Either way the record lands whole or goes to quarantine whole with its bytes.
  *
+ * <p>Most records never reach Jackson: {@link PlainJson} reads an ordinary object in one pass
+ * over its bytes and hands back (to the parser above) whatever it cannot be sure of.
+ *
  * <p>Registered by infra/udfs.py as {@code tidemark_from_json(value_string, schema,
  * corrupt_column)}, the schema as DDL or in Spark's JSON form, naming {@code corrupt_column}
  * as a string field (as from_json's PERMISSIVE mode requires).
