@@ -34,11 +34,13 @@ from pipelines.transactions import (
     txn_struct,
 )
 from tidemark.config import PipelineConfig
+from tidemark.errors import ConfigError
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
 _CORRUPT = "_tidemark_corrupt"
+_UTF8 = "_tidemark_utf8"
 
 QUARANTINE_COLUMNS = (
     "pipeline", "batch_id", "topic", "partition", "offset", "kafka_timestamp", "key", "value", "headers",
@@ -171,7 +173,7 @@ def frame_columns(spark: SparkSession, pipeline: PipelineConfig) -> FrameColumns
 
 def _frame_columns(spark: SparkSession, pipeline: PipelineConfig) -> FrameColumns:
     from pyspark.sql import functions as F
-    from pyspark.sql.types import StringType, StructField, StructType
+    from pyspark.sql.types import BooleanType, StringType, StructField, StructType
 
     # What Spark cannot compile to generated code (`from_json`, the higher-order functions
     # of the header count) is computed in one projection over the Kafka rows, as in the
@@ -183,18 +185,26 @@ def _frame_columns(spark: SparkSession, pipeline: PipelineConfig) -> FrameColumn
     if pipeline.format == "json":
         schema = StructType.fromDDL(pipeline.schema_ddl or "")
         assert isinstance(schema, StructType)  # a column list always parses to a struct
+        reserved = [f.name for f in schema.fields if f.name.startswith("_tidemark_")]
+        if reserved:
+            raise ConfigError(f"pipeline {pipeline.name!r}: schema field(s) {', '.join(reserved)} start with "
+                              "`_tidemark_`, which Tidemark keeps for its own columns; rename them in `schema`")
         parse_schema = StructType([*schema.fields, StructField(_CORRUPT, StringType())])
         # Tidemark's JVM validator when the session has it (infra.spark registers it), else Spark's.
         fast = spark.catalog.functionExists("tidemark_is_valid_utf8")
         valid_utf8 = F.expr("tidemark_is_valid_utf8(value)" if fast else "is_valid_utf8(value)")
-        first["_value_error"] = value_error.when(~valid_utf8, F.lit("value is not valid UTF-8"))
-        if spark.catalog.functionExists("tidemark_from_json"):  # from_json's parser, reading the bytes
+        if spark.catalog.functionExists("tidemark_from_json"):  # from_json's answers, reading the bytes
+            # `_UTF8` is true where the parse read the value in its own pass, which takes strict
+            # UTF-8 only: most records then skip the separate check, and a copy of their value.
+            flagged = StructType([*parse_schema.fields, StructField(_UTF8, BooleanType())])
             first["_parsed"] = F.call_function("tidemark_from_json", F.col("value").cast("string"),
-                                               F.lit(parse_schema.json()), F.lit(_CORRUPT))
+                                               F.lit(flagged.json()), F.lit(_CORRUPT), F.lit(_UTF8))
+            valid_utf8 = F.coalesce(F.col(f"_parsed.{_UTF8}"), valid_utf8)
         else:
             first["_parsed"] = F.from_json(F.col("value").cast("string"), parse_schema,
                                            {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT})
-        error = F.coalesce(F.col("_value_error"), F.when(F.col("_parsed").isNull(), F.lit("value is not a JSON object"))
+        error = F.coalesce(value_error.when(~valid_utf8, F.lit("value is not valid UTF-8")),
+                           F.when(F.col("_parsed").isNull(), F.lit("value is not a JSON object"))
                            .when(F.col(f"_parsed.{_CORRUPT}").isNotNull(),
                                  F.lit(f"value does not parse as JSON matching the schema: {pipeline.schema_ddl}")))
         payload = [F.col(f"_parsed.`{f.name}`").alias(f.name) for f in schema.fields]

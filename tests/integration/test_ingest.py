@@ -13,6 +13,7 @@ from offsets.tables import delta_table_exists
 from pipelines.ingest import IngestJob
 from tests.kafka_helpers import read_all, transactional_producer, write_transaction
 from tidemark.config import parse_config
+from tidemark.errors import ConfigError
 
 
 def _config(topic: str, tmp: Path, **extra: object):  # type: ignore[no-untyped-def]
@@ -123,22 +124,37 @@ def test_bad_records_are_quarantined_and_offsets_advance(spark, kafka_bootstrap:
     topic = topic_factory("bad", partitions=1)
     producer = transactional_producer(kafka_bootstrap)
     producer.begin_transaction()
+    # The last two look like JSON: one with a byte that is not UTF-8 inside a string (the parse
+    # hands it to Spark's parser, and the UTF-8 check runs), one of UTF-8 the parse reads itself.
     values = [_json(1, "ok"), b"{not json", None, b"\xff\xfe\x00bad", b'{"id": "not-an-int", "note": 1}',
-              b"[1,2]", _json(2, "ok")]
+              b"[1,2]", _json(2, "ok"), b'{"id": 3, "note": "caf\xc3\x28"}', '{"id": 4, "note": "é ✓"}'.encode()]
     for v in values:
         producer.produce(topic, value=v, key=b"k")
     producer.commit_transaction(30)
     config = _config(topic, tmp_path)
     pipeline = config.pipelines[0]
     report = IngestJob(spark, config, pipeline, kafka_bootstrap).run_bounded()
-    assert (report.rows, report.quarantined) == (2, 5)
+    assert (report.rows, report.quarantined) == (3, 6)
     bad = spark.read.format("delta").load(pipeline.quarantine_path).orderBy("offset").collect()
-    assert [r.offset for r in bad] == [1, 2, 3, 4, 5]
+    assert [r.offset for r in bad] == [1, 2, 3, 4, 5, 7]
     assert bad[1].value is None and "tombstone" in bad[1].error
     assert bytes(bad[2].value) == b"\xff\xfe\x00bad" and "UTF-8" in bad[2].error
+    assert bytes(bad[5].value) == values[7] and bad[5].error == "value is not valid UTF-8"
+    assert "UTF-8" not in bad[0].error + bad[3].error  # JSON errors, not UTF-8 ones
     assert all(r.topic == topic and r.partition == 0 for r in bad)
+    good = spark.read.format("delta").load(pipeline.target).orderBy("id").collect()
+    assert [(r.id, r.note) for r in good] == [(1, "ok"), (2, "ok"), (4, "é ✓")]
     last = Ledger(spark, pipeline.ledger_path, pipeline.name).last()
-    assert last is not None and last.ends() == {(topic, 0): 8}  # 7 records + the commit marker
+    assert last is not None and last.ends() == {(topic, 0): 10}  # 9 records + the commit marker
+
+
+def test_a_schema_field_in_tidemarks_namespace_is_refused_before_anything_is_read(  # type: ignore[no-untyped-def]
+        spark, kafka_bootstrap: str, topic_factory, tmp_path: Path) -> None:
+    topic = topic_factory("reserved", partitions=1)
+    config = _config(topic, tmp_path, schema="id INT, _tidemark_utf8 BOOLEAN")
+    with pytest.raises(ConfigError, match="_tidemark_utf8.*rename them in `schema`"):
+        IngestJob(spark, config, config.pipelines[0], kafka_bootstrap).run_bounded()
+    assert not delta_table_exists(spark, config.pipelines[0].target)
 
 
 def test_a_marker_only_range_costs_no_poll_timeout(spark, kafka_bootstrap: str, topic_factory,  # type: ignore[no-untyped-def]

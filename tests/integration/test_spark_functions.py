@@ -18,9 +18,7 @@ def test_utf8_validator_agrees_with_spark_on_edge_cases_and_random_bytes(spark) 
                 b"\xe2\x82", b"\xed\xa0\x80", b"\xf8", b"\xff"]
     randoms = [b"".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40))) for _ in range(3000)]
     randoms += [bytes(rng.randrange(256) for _ in range(rng.randint(0, 24))) for _ in range(3000)]
-    # Invalid UTF-8 is quarantined before any parse (tidemark_is_valid_utf8); the new values leave it out.
-    plain = [v for v in _plain_json_edge() + _plain_json_values(rng) if _python_valid(v)]
-    values = [(v,) for v in edge + randoms + plain] + [(None,)]
+    values = [(v,) for v in edge + randoms] + [(None,)]
     df = spark.createDataFrame(values, "value BINARY")
     rows = df.selectExpr("value", "is_valid_utf8(value) AS spark", "tidemark_is_valid_utf8(value) AS ours").collect()
     disagree = [(bytes(r.value) if r.value is not None else None, r.spark, r.ours) for r in rows if r.spark != r.ours]
@@ -126,9 +124,16 @@ def test_json_parse_from_bytes_gives_from_json_answers(spark) -> None:  # type: 
     options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_bad"}
     theirs = F.from_json("s", ddl, options)
     mine = F.call_function("tidemark_from_json", F.col("s"), F.lit(ddl), F.lit("_bad"))
+    # With a utf8 column (pipelines.transform), the same row and the column true only where PlainJson read it.
+    flagged = F.call_function("tidemark_from_json", F.col("s"), F.lit(ddl + ", _ok BOOLEAN"), F.lit("_bad"),
+                              F.lit("_ok"))
     rows = df.select(
         "value", F.to_json(F.struct(theirs.alias("p"))).alias("spark"), F.to_json(F.struct(mine.alias("p"))).alias("ours"),
-        theirs["_bad"].alias("spark_bad"), mine["_bad"].alias("ours_bad")).collect()
+        theirs["_bad"].alias("spark_bad"), mine["_bad"].alias("ours_bad"), flagged["_ok"].alias("ok"),
+        F.to_json(F.struct(flagged.dropFields("_ok").alias("p"))).alias("flagged")).collect()
+    assert all(r.flagged == r.ours for r in rows)
+    assert all(r.ok is None or (r.ok and _python_valid(bytes(r.value))) for r in rows)
+    assert sum(1 for r in rows if r.ok) > 1000
     # A corrupt record is quarantined whole (pipelines.transform), so of two corrupt answers only the
     # corrupt text is compared: Jackson's byte and char parsers keep different partial results after an
     # error inside an array, which no table ever holds.

@@ -9,6 +9,7 @@ import java.nio.ByteBuffer;
 import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.expressions.Expression;
+import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
 import org.apache.spark.sql.catalyst.json.CreateJacksonParser;
 import org.apache.spark.sql.catalyst.json.JSONOptions;
 import org.apache.spark.sql.catalyst.json.JacksonParser;
@@ -16,6 +17,7 @@ import org.apache.spark.sql.catalyst.util.FailureSafeParser;
 import org.apache.spark.sql.internal.SQLConf;
 import org.apache.spark.sql.sources.Filter;
 import org.apache.spark.sql.types.DataType;
+import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.unsafe.types.UTF8String;
@@ -63,14 +65,17 @@ public final class JsonFromBytes extends TidemarkExpression {
     private final StructType schema;
     private final String corrupt;
     private final String timeZone;
+    /** The schema's last field, a boolean this sets when the value is known to be UTF-8; or null. */
+    private final String checked;
     private transient FailureSafeParser<UTF8String> parser;
     private transient PlainJson plain;
 
-    public JsonFromBytes(Expression child, StructType schema, String corrupt, String timeZone) {
+    public JsonFromBytes(Expression child, StructType schema, String corrupt, String timeZone, String checked) {
         this.child = child;
         this.schema = schema;
         this.corrupt = corrupt;
         this.timeZone = timeZone;
+        this.checked = checked;
     }
 
     /** Registers the function in {@code spark}'s session (what infra/udfs.py calls through py4j). */
@@ -84,12 +89,15 @@ public final class JsonFromBytes extends TidemarkExpression {
 
         @Override
         public Expression apply(Seq<Expression> args) {
-            if (args.size() != 3 || !args.apply(1).foldable() || !args.apply(2).foldable()) {
-                throw new IllegalArgumentException(NAME + "(value, schema, corrupt_column): the schema and the column "
-                        + "must be constant strings");
+            int n = args.size();
+            if ((n != 3 && n != 4) || !args.apply(1).foldable() || !args.apply(2).foldable()
+                    || (n == 4 && !args.apply(3).foldable())) {
+                throw new IllegalArgumentException(NAME + "(value, schema, corrupt_column[, utf8_column]): the schema "
+                        + "and the columns must be constant strings");
             }
             String ddl = String.valueOf(args.apply(1).eval(null));
             String corrupt = String.valueOf(args.apply(2).eval(null));
+            String checked = n == 4 ? String.valueOf(args.apply(3).eval(null)) : null;
             DataType given = ddl.trim().startsWith("{") ? DataType.fromJson(ddl) : StructType.fromDDL(ddl);
             if (!(given instanceof StructType)) {
                 throw new IllegalArgumentException(NAME + ": the schema must be a struct, not " + given.simpleString());
@@ -102,8 +110,14 @@ public final class JsonFromBytes extends TidemarkExpression {
             if (!named) {
                 throw new IllegalArgumentException(NAME + ": the schema has no field " + corrupt);
             }
+            StructField[] fields = schema.fields();
+            if (checked != null && (fields.length < 2 || !fields[fields.length - 1].name().equals(checked)
+                    || !fields[fields.length - 1].dataType().equals(DataTypes.BooleanType) || checked.equals(corrupt))) {
+                throw new IllegalArgumentException(NAME + ": the utf8 column " + checked + " must be the schema's last "
+                        + "field, a boolean");
+            }
             return new JsonFromBytes(args.apply(0), (StructType) schema.asNullable(), corrupt,
-                    SQLConf.get().sessionLocalTimeZone());
+                    SQLConf.get().sessionLocalTimeZone(), checked);
         }
     }
 
@@ -157,7 +171,8 @@ public final class JsonFromBytes extends TidemarkExpression {
             Map<String, String> options = (Map<String, String>) (Object) Map$.MODULE$.<String, String>empty()
                     .updated("mode", "PERMISSIVE").updated("columnNameOfCorruptRecord", corrupt);
             JSONOptions parsed = new JSONOptions(options, timeZone, corrupt);
-            StructType actual = new StructType(java.util.Arrays.stream(schema.fields())
+            StructType parsedSchema = parsedSchema();
+            StructType actual = new StructType(java.util.Arrays.stream(parsedSchema.fields())
                     .filter(f -> !f.name().equals(corrupt)).toArray(StructField[]::new));
             @SuppressWarnings("unchecked")
             Seq<Filter> noFilters = (Seq<Filter>) (Object) scala.collection.immutable.Nil$.MODULE$;
@@ -169,9 +184,18 @@ public final class JsonFromBytes extends TidemarkExpression {
                 public scala.collection.Iterable<InternalRow> apply(UTF8String input) {
                     return raw.parse(input, create, identity);
                 }
-            }, parsed.parseMode(), schema, corrupt);
+            }, parsed.parseMode(), parsedSchema, corrupt);
         }
         return parser;
+    }
+
+    /** What Spark's parser fills: the schema without the utf8 column. */
+    private StructType parsedSchema() {
+        if (checked == null) {
+            return schema;
+        }
+        StructField[] fields = schema.fields();
+        return new StructType(java.util.Arrays.copyOf(fields, fields.length - 1));
     }
 
     @Override
@@ -183,7 +207,7 @@ public final class JsonFromBytes extends TidemarkExpression {
         UTF8String value = (UTF8String) input;
         if (plainUtf8(value)) {
             if (plain == null) {
-                plain = new PlainJson(schema, corrupt);
+                plain = new PlainJson(schema, corrupt, checked);
             }
             InternalRow parsed = plain.parse(value);
             if (parsed != null) {
@@ -191,7 +215,20 @@ public final class JsonFromBytes extends TidemarkExpression {
             }
         }
         Iterator<InternalRow> rows = parser().parse(value);
-        return rows.hasNext() ? rows.next() : null;
+        if (!rows.hasNext()) {
+            return null;
+        }
+        InternalRow answer = rows.next();
+        if (checked == null) {
+            return answer;
+        }
+        // Spark's parser leaves the utf8 column out: the row again, one field wider, the column null.
+        StructField[] fields = schema.fields();
+        Object[] wider = new Object[fields.length];
+        for (int i = 0; i < fields.length - 1; i++) {
+            wider[i] = answer.isNullAt(i) ? null : answer.get(i, fields[i].dataType());
+        }
+        return new GenericInternalRow(wider);
     }
 
     @Override
@@ -211,7 +248,7 @@ public final class JsonFromBytes extends TidemarkExpression {
 
     @Override
     public Expression withNewChildrenInternal(scala.collection.immutable.IndexedSeq<Expression> children) {
-        return new JsonFromBytes(children.apply(0), schema, corrupt, timeZone);
+        return new JsonFromBytes(children.apply(0), schema, corrupt, timeZone, checked);
     }
 
     @Override
@@ -221,6 +258,6 @@ public final class JsonFromBytes extends TidemarkExpression {
 
     @Override
     Object[] fields() {
-        return new Object[] {child, schema, corrupt, timeZone};
+        return new Object[] {child, schema, corrupt, timeZone, checked};
     }
 }

@@ -88,7 +88,7 @@ public final class PlainJson {
             } else if (type instanceof StructType) {
                 kind = STRUCT;
                 element = null;
-                fields = new Fields((StructType) type, null);
+                fields = new Fields((StructType) type);
                 return;
             } else {
                 kind = OTHER;
@@ -106,12 +106,13 @@ public final class PlainJson {
         final int[] slots;
         final int width;
 
-        /** {@code skipped}: a field of the row that the JSON never fills (the corrupt record column). */
-        Fields(StructType type, String skipped) {
+        /** {@code skipped}: fields of the row that the JSON never fills (the corrupt record column, the utf8 one). */
+        Fields(StructType type, String... skipped) {
             StructField[] all = type.fields();
+            java.util.Set<String> left = new java.util.HashSet<>(java.util.Arrays.asList(skipped));
             int n = 0;
             for (StructField f : all) {
-                if (!f.name().equals(skipped)) {
+                if (!left.contains(f.name())) {
                     n++;
                 }
             }
@@ -121,7 +122,7 @@ public final class PlainJson {
             slots = new int[n];
             int k = 0;
             for (int i = 0; i < all.length; i++) {
-                if (all[i].name().equals(skipped)) {
+                if (left.contains(all[i].name())) {
                     continue;
                 }
                 names[k] = all[i].name().getBytes(StandardCharsets.UTF_8);
@@ -135,15 +136,21 @@ public final class PlainJson {
     }
 
     private final Fields root;
+    private final int checked;
 
-    /** For rows of {@code schema}, whose field {@code corrupt} (the corrupt record column) stays null. */
-    PlainJson(StructType schema, String corrupt) {
-        root = new Fields(schema, corrupt);
+    /**
+     * For rows of {@code schema}, whose field {@code corrupt} (the corrupt record column) stays
+     * null, and whose last field {@code checked}, when not null, is true in every row read here:
+     * reading strings strictly and everything else as ASCII, a value read here is UTF-8.
+     */
+    PlainJson(StructType schema, String corrupt, String checked) {
+        root = checked == null ? new Fields(schema, corrupt) : new Fields(schema, corrupt, checked);
+        this.checked = checked == null ? -1 : schema.fields().length - 1;
     }
 
     /** Whether this reader answers for {@code value} itself, under the schema {@code ddl} (for tests, through py4j). */
     public static boolean answers(String ddl, String corrupt, byte[] value) {
-        return new PlainJson(StructType.fromDDL(ddl), corrupt).parse(UTF8String.fromBytes(value)) != null;
+        return new PlainJson(StructType.fromDDL(ddl), corrupt, null).parse(UTF8String.fromBytes(value)) != null;
     }
 
     /** The row {@code from_json} gives for this UTF-8 text, or {@code null} when Spark's parser must decide. */
@@ -157,7 +164,13 @@ public final class PlainJson {
             }
             InternalRow row = c.object(root, 0);
             c.space();
-            return c.at == c.end ? row : null;
+            if (c.at != c.end) {
+                return null;
+            }
+            if (checked >= 0) {
+                row.setBoolean(checked, true);
+            }
+            return row;
         } catch (Unsure | ArrayIndexOutOfBoundsException e) {
             return null;
         }
@@ -642,7 +655,7 @@ public final class PlainJson {
         }
     }
 
-    private static final Fields EMPTY = new Fields(new StructType(), null);
+    private static final Fields EMPTY = new Fields(new StructType());
 
     private static final VarHandle LONGS = MethodHandles.byteArrayViewVarHandle(long[].class, ByteOrder.LITTLE_ENDIAN);
     private static final long ONES = 0x0101010101010101L, HIGH = 0x8080808080808080L;
