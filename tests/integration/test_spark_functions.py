@@ -197,6 +197,13 @@ def _plain_json_values(rng: random.Random) -> list[bytes]:
             byte = bytes([rng.choice(b'{}[]",: \\-.e0123456789tfnu\x80\xc3')])
             raw = rng.choice([raw[:at] + byte + raw[at:], raw[:at] + raw[at + 1:], raw[:at] + byte + raw[at + 1:]])
         values.append(raw)
+    for _ in range(1000):  # numbers of every length, as text: the exact short-number path and Java's parse
+        digits = "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 19))).lstrip("0") or "0"
+        sign = rng.choice(["", "-"])
+        point = rng.randrange(len(digits))
+        decimal = digits[:point] + "." + digits[point:] if point else "0." + digits
+        values.append(('{"n": %s%s, "x": %s%s, "inner": {"a": %s%s}}'
+                       % (sign, digits[:18], sign, rng.choice([digits, decimal]), sign, digits[:9])).encode())
     return values
 
 

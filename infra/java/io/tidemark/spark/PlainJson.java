@@ -324,10 +324,14 @@ public final class PlainJson {
                         throw UNSURE; // a fraction or an exponent for an integer field
                     }
                     long v;
-                    try {
-                        v = Long.parseLong(ascii(start, at - start));
-                    } catch (NumberFormatException e) {
-                        throw UNSURE; // out of range
+                    if (at - start <= 18) { // no overflow in 18 characters
+                        v = digitsOf(start, at);
+                    } else {
+                        try {
+                            v = Long.parseLong(ascii(start, at - start));
+                        } catch (NumberFormatException e) {
+                            throw UNSURE; // out of range
+                        }
                     }
                     if (reader.kind == LONG) {
                         return v;
@@ -340,8 +344,10 @@ public final class PlainJson {
                 case DOUBLE: {
                     int start = at;
                     boolean fraction = number();
-                    String text = ascii(start, at - start);
-                    double v = Double.parseDouble(text);
+                    double v = exactly(start, at);
+                    if (Double.isNaN(v)) {
+                        v = Double.parseDouble(ascii(start, at - start));
+                    }
                     // Jackson reads an integer token as an integer first: "-0" becomes 0, then 0.0.
                     return !fraction && v == 0.0 ? 0.0 : v;
                 }
@@ -490,6 +496,48 @@ public final class PlainJson {
             }
             delimiter();
             return fraction;
+        }
+
+        /** An integer token of at most 18 characters, as a long. */
+        long digitsOf(int from, int to) {
+            boolean negative = b[from] == '-';
+            long v = 0;
+            for (int i = negative ? from + 1 : from; i < to; i++) {
+                v = v * 10 + (b[i] - '0');
+            }
+            return negative ? -v : v;
+        }
+
+        /**
+         * A number token without an exponent and with at most 15 digits, as the double nearest
+         * to it, or NaN for any other (the caller then asks Double.parseDouble). Its digits as an
+         * integer are below 2^53 and 10^fraction-digits at most 10^15, both exact doubles, so one
+         * division rounds once, as the nearest double is defined: Double.parseDouble's answer.
+         */
+        double exactly(int from, int to) {
+            boolean negative = b[from] == '-';
+            long digits = 0;
+            int count = 0, scale = 0;
+            boolean point = false;
+            for (int i = negative ? from + 1 : from; i < to; i++) {
+                byte x = b[i];
+                if (x == '.') {
+                    point = true;
+                } else if (x >= '0' && x <= '9') {
+                    digits = digits * 10 + (x - '0');
+                    count++;
+                    if (point) {
+                        scale++;
+                    }
+                } else {
+                    return Double.NaN; // an exponent
+                }
+            }
+            if (count > 15) {
+                return Double.NaN;
+            }
+            double v = scale == 0 ? (double) digits : digits / POWERS[scale];
+            return negative ? -v : v;
         }
 
         void digits() {
@@ -656,6 +704,17 @@ public final class PlainJson {
     }
 
     private static final Fields EMPTY = new Fields(new StructType());
+
+    /** 10^0 .. 10^15, each an exact double. */
+    private static final double[] POWERS = new double[16];
+
+    static {
+        double p = 1;
+        for (int i = 0; i < POWERS.length; i++) {
+            POWERS[i] = p;
+            p *= 10;
+        }
+    }
 
     private static final VarHandle LONGS = MethodHandles.byteArrayViewVarHandle(long[].class, ByteOrder.LITTLE_ENDIAN);
     private static final long ONES = 0x0101010101010101L, HIGH = 0x8080808080808080L;
