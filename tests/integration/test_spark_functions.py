@@ -202,8 +202,8 @@ def _plain_json_values(rng: random.Random) -> list[bytes]:
         sign = rng.choice(["", "-"])
         point = rng.randrange(len(digits))
         decimal = digits[:point] + "." + digits[point:] if point else "0." + digits
-        values.append(('{"n": %s%s, "x": %s%s, "inner": {"a": %s%s}}'
-                       % (sign, digits[:18], sign, rng.choice([digits, decimal]), sign, digits[:9])).encode())
+        x = rng.choice([digits, decimal])
+        values.append(f'{{"n": {sign}{digits[:18]}, "x": {sign}{x}, "inner": {{"a": {sign}{digits[:9]}}}}}'.encode())
     return values
 
 
