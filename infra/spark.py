@@ -30,6 +30,16 @@ LOG_STORE = "io.tidemark.delta.LocalListingLogStore"
 #: Parquet.
 PLAIN_ENCODED_COLUMNS = ("_tidemark_event_id", "_tidemark_txn.id")
 
+#: HotSpot compiles a method once it has run this many times more than its defaults say.
+#: A batch runs the driver's planning code (Catalyst's rules and code generation, Delta's
+#: log and configuration, the Kafka client's metadata) a few hundred to a few thousand times:
+#: at the defaults, each batch of a warm driver pushed another part of it over C2's
+#: threshold, and C2 spent about 2 s of CPU per 200k-record batch, still after eight batches
+#: (`CompilationMXBean`), on a machine whose two cores the batch's tasks wanted. Five times
+#: the thresholds left that at 0.7-0.8 s, and batches 5-8 took 0.9x the time (docs/benchmarks.md,
+#: session 33). The data path's loops run millions of times a batch and still reach C2 within it.
+JIT_OPTIONS = "-XX:CompileThresholdScaling=5"
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -60,7 +70,7 @@ def spark_conf(settings: Settings, *, warehouse: Path | None = None) -> dict[str
         "spark.sql.adaptive.enabled": "true",
         **{f"spark.hadoop.parquet.enable.dictionary#{column}": "false" for column in PLAIN_ENCODED_COLUMNS},
         "spark.driver.extraJavaOptions": (
-            f"-Dderby.system.home={home / 'derby'} -Dlog4j2.configurationFile={_log4j2()}"
+            f"-Dderby.system.home={home / 'derby'} -Dlog4j2.configurationFile={_log4j2()} {JIT_OPTIONS}"
         ),
     }
     if settings.spark.master.startswith("local"):

@@ -281,3 +281,17 @@ def test_txn_headers_refuses_what_it_cannot_read(spark) -> None:  # type: ignore
         call(headers, F.col("id").cast("string"), *names)
     with pytest.raises(IllegalArgumentException, match="9 arguments"):
         call(headers, F.lit("Lt"), F.lit("txid"))
+
+
+def test_the_driver_jvm_compiles_with_tidemarks_jit_thresholds(spark) -> None:  # type: ignore[no-untyped-def]
+    """infra.spark.JIT_OPTIONS reaches HotSpot: the driver's own value of each flag, not the text of the conf."""
+    from infra.spark import JIT_OPTIONS
+
+    jvm = spark.sparkContext._jvm
+    diagnostic = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean"))
+    for option in JIT_OPTIONS.split():
+        name, value = option.removeprefix("-XX:").split("=")
+        held = diagnostic.getVMOption(name)
+        assert float(held.getValue()) == float(value), f"{name}: {held.getValue()}"
+        assert str(held.getOrigin()) == "VM_CREATION"
