@@ -153,8 +153,16 @@ def local_fs(data: dict[str, Any]) -> Figure:
                     {name: [m["wall_s"], m["cpu_s"]] for name, m in medians.items()}, "seconds")
 
 
+def jit(data: dict[str, Any]) -> Figure:
+    summary = data["summary"]
+    return _grouped(f"The same {data['records']:,}-record ingest again in one driver (warm: runs "
+                    f"{data['settled_from_run']}-{data['runs']}; Tidemark / HotSpot defaults "
+                    f"{data['ratio_warm_seconds']:.2f}×)", ["warm run s", "its JIT s"],
+                    {name: [f["warm_s"], f["warm_jit_s"]] for name, f in summary.items()}, "seconds")
+
+
 CHARTS: dict[str, Callable[[dict[str, Any]], Figure]] = {
-    "revisions": revisions, "local_fs_bench": local_fs,
+    "revisions": revisions, "jit_bench": jit, "local_fs_bench": local_fs,
     "reader_reuse_bench": reader_reuse, "ingest_bench": ingest, "serve_bench": serve, "history_properties": history_properties,
     "relay_bench": relay, "g3_bench": g3, "freshness_bench": freshness, "position_bench": position,
     "status_bench": status, "history_bench": history, "history_day": history_day,
