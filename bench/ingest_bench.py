@@ -50,6 +50,16 @@ PARTITIONS = 8
 SCHEMA = "order_id STRING, customer STRING, amount DOUBLE, currency STRING, items ARRAY<STRING>, note STRING"
 
 
+def new_topic(bootstrap: str, prefix: str) -> str:
+    """A fresh topic of :data:`PARTITIONS` partitions named ``<prefix>-<random>``."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    topic = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # must outlive the future
+    admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
+    return topic
+
+
 def produce(bootstrap: str, topic: str, records: int, *, value_bytes: int, txn_size: int, seed: int) -> int:
     """Write ``records`` committed JSON records in transactions; returns the bytes of values."""
     from confluent_kafka import Producer
@@ -258,11 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     batches: dict[str, list[int]] = {name: [] for name in contenders}
     try:
         with kafka_broker(args.bootstrap) as (bootstrap, broker_version):
-            from confluent_kafka.admin import AdminClient, NewTopic
-
-            topic = f"bench-ingest-{uuid.uuid4().hex[:6]}"
-            admin = AdminClient({"bootstrap.servers": bootstrap})  # must outlive the future
-            admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
+            topic = new_topic(bootstrap, "bench-ingest")
             started = time.perf_counter()
             value_bytes = produce(bootstrap, topic, args.records, value_bytes=args.value_bytes,
                                   txn_size=args.txn_size, seed=7)

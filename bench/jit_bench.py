@@ -2,8 +2,8 @@
 with Tidemark's JIT thresholds (``infra.spark.JIT_OPTIONS``) and with HotSpot's defaults.
 
 A throwaway broker gets ``--records`` JSON values of about 1 KB (``bench.ingest_bench``'s
-data). Each setting then runs in its own process (JIT flags belong to a JVM), ``--processes``
-times, alternating: one SparkSession, ``--runs`` bounded ingests of the whole topic into
+records, in producer transactions of 20). Each setting then runs in its own process (JIT
+flags belong to a JVM), ``--processes`` times, alternating: one SparkSession, ``--runs`` bounded ingests of the whole topic into
 fresh tables, each timed, and the seconds the JVM's compilers spent meanwhile
 (``CompilationMXBean.getTotalCompilationTime``: both compilers' threads, on cores the tasks
 want too). Reported per setting: the first run (a cold JVM), and the medians over the runs
@@ -80,18 +80,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs <= SETTLED_FROM:
         parser.error(f"--runs must be more than {SETTLED_FROM}: the runs from the fifth on are the figure")
 
-    from bench.ingest_bench import PARTITIONS, produce
+    from bench.ingest_bench import PARTITIONS, new_topic, produce
 
     load_before = loadavg()
     work = Path(tempfile.mkdtemp(prefix="tidemark-jit-bench-"))
     figures: dict[str, list[dict[str, Any]]] = {s: [] for s in SETTINGS}
     try:
         with kafka_broker(args.bootstrap) as (bootstrap, _):
-            from confluent_kafka.admin import AdminClient, NewTopic
-
-            topic = f"jit-bench-{int(time.time())}"
-            admin = AdminClient({"bootstrap.servers": bootstrap})
-            admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
+            topic = new_topic(bootstrap, "bench-jit")
             produce(bootstrap, topic, args.records, value_bytes=1000, txn_size=20, seed=7)
             for process in range(args.processes):
                 for setting in SETTINGS if process % 2 == 0 else reversed(SETTINGS):
