@@ -3,13 +3,13 @@ with Tidemark's JIT thresholds (``infra.spark.JIT_OPTIONS``) and with HotSpot's 
 
 A throwaway broker gets ``--records`` JSON values of about 1 KB (``bench.ingest_bench``'s
 records, in producer transactions of 20). Each setting then runs in its own process (JIT
-flags belong to a JVM), ``--processes`` times, alternating: one SparkSession, ``--runs`` bounded ingests of the whole topic into
-fresh tables, each timed, and the seconds the JVM's compilers spent meanwhile
-(``CompilationMXBean.getTotalCompilationTime``: both compilers' threads, on cores the tasks
-want too). Reported per setting: the first run (a cold JVM), and the medians over the runs
-from the fifth on (a driver that has run a few batches: ``serve``, ``--follow``), pooled
-over the processes; ``--json FILE`` writes them with ``ratio_warm_seconds`` (Tidemark's /
-HotSpot defaults').
+flags belong to a JVM), ``--processes`` times, alternating: one SparkSession, ``--runs``
+bounded ingests of the whole topic into fresh tables, each timed, and the seconds the JVM's
+compilers spent meanwhile (``CompilationMXBean.getTotalCompilationTime``: both compilers'
+threads, on cores the tasks want too). Reported per setting: the first run (a cold JVM), and
+the medians over the runs from the fifth on (a driver that has run a few batches: ``serve``,
+``--follow``), pooled over the processes; ``--json FILE`` writes them with
+``ratio_warm_seconds`` (Tidemark's / HotSpot defaults').
 
     .venv/bin/python -m bench.jit_bench --records 200000 --runs 8 --processes 2 --json docs/bench/jit.json
 """
