@@ -83,17 +83,37 @@ class Position:
         return cls(int(data["end_lsn"]), int(data["xid"]), str(data["relayed_at"]), source)
 
 
+def resumed(known: Position | None, read: Position | None, topic: str) -> Position | None:
+    """The position to resume from: ``read``, unless it is older than ``known``, the newest one this
+    process committed or read before in the same stream. Acting on an older one would relay again
+    what the slot resends and Kafka already holds, so it is an unsettled read (a broker just
+    restarted or paused) or a topic that is not the one it was (a replaced cluster), transient
+    either way. A position from another stream is returned: :func:`outbox.source.verify` judges it."""
+    if known is not None and (read is None or (read.source == known.source and read.end_lsn < known.end_lsn)):
+        raise PositionUnreadableError(
+            f"offsets topic {topic} answered position {format_lsn(read.end_lsn) if read else '(none)'}, older "
+            f"than {format_lsn(known.end_lsn)}, which this relay committed or read before: the topic is not "
+            "settled (a broker restarting or paused) or is not the one it was (a replaced cluster); nothing "
+            "is relayed until it answers a position at least as new")
+    return read
+
+
 def offsets_partition(relay_id: str, partitions: int) -> int:
     """The partition of the offsets topic that holds ``relay_id``'s positions (stable, not the client's partitioner)."""
     return zlib.crc32(relay_id.encode()) % partitions if partitions > 1 else 0
 
 
 def read_position(client_config: Mapping[str, Any], topic: str, relay_id: str, *,
-                  wait: float = 150.0) -> Position | None:
+                  wait: float = 150.0, exists: bool = False) -> Position | None:
     """The newest committed position of ``relay_id``, or None if it has none.
 
     ``wait``: how long a transaction open below the high watermark may hide the newest
-    record before :class:`PositionUnreadableError`.
+    record before :class:`PositionUnreadableError`. ``exists``: the caller knows the topic
+    exists (the relay made or found it). None means "relay from the slot's start", so it is
+    answered only when the topic's history is read and holds no record of ``relay_id``: a
+    metadata answer without the topic (when it ``exists``), without partitions or without a
+    leader is a broker settling after a restart or a pause, and raises
+    :class:`ServiceUnavailableError` (transient) instead.
     """
     base = {k: v for k, v in client_config.items() if k not in {"transactional.id", "isolation.level"}}
     base |= {"group.id": f"tidemark-position-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
@@ -101,9 +121,18 @@ def read_position(client_config: Mapping[str, Any], topic: str, relay_id: str, *
     probe = Consumer({**base, "isolation.level": "read_uncommitted"})
     try:
         metadata = probe.list_topics(topic, timeout=15).topics.get(topic)
-        if metadata is None or metadata.error is not None or not metadata.partitions:
-            return None
+        error = None if metadata is None else metadata.error
+        if metadata is None or (error is not None and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+            if not exists:
+                return None
+            raise ServiceUnavailableError(f"offsets topic {topic} is missing from the cluster's metadata")
+        if error is not None or not metadata.partitions:
+            raise ServiceUnavailableError(f"offsets topic {topic}: metadata {error or 'without partitions'}")
         partition = offsets_partition(relay_id, len(metadata.partitions))
+        leader = metadata.partitions.get(partition)
+        if leader is None or leader.error is not None or leader.leader < 0:
+            raise ServiceUnavailableError(f"offsets topic {topic}[{partition}] has no leader "
+                                          f"({leader.error if leader is not None else 'not listed'})")
         low, high = probe.get_watermark_offsets(TopicPartition(topic, partition), timeout=15, cached=False)
     except KafkaException as exc:
         raise ServiceUnavailableError(f"offsets topic {topic}: {exc.args[0]}") from None

@@ -9,7 +9,9 @@ Steps of :meth:`Relay.run`, in order, with what a crash right after each leaves 
 2. **Resume.** Read this relay's position from the offsets topic (``outbox.position``):
    the end LSN of the last source transaction relayed, and the stream it counts in. Read
    past the high watermark seen after the fence, so no open transaction of another
-   producer hides it. *resumed*: nothing new.
+   producer hides it. An answer without the topic, its partition or a leader, or a position
+   older than one this process committed or read before, is a broker still settling after a
+   pause or restart (transient), never "relay from the slot's start". *resumed*: nothing new.
 3. **Capture.** Connect to the slot, check the server is the position's stream (same
    system, a timeline that did not fork before the position, a slot that exists, is
    valid and has not confirmed past the position: ``outbox.source``), then stream; the
@@ -100,6 +102,7 @@ from outbox.position import (
     Source,
     offsets_partition,
     read_position,
+    resumed,
 )
 from outbox.schema import TableName
 from outbox.source import verify
@@ -167,6 +170,22 @@ def _crash_point(name: str) -> None:
     """Fault injection for the crash tests: SIGKILL ourselves at a named step."""
     if os.environ.get("TIDEMARK_CRASH_AT") == name:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+_pauses: Counter[str] = Counter()
+
+
+def _pause_point(name: str, settle: Callable[[], None] | None = None) -> None:
+    """Fault injection for the pause tests: SIGSTOP the process ``TIDEMARK_PAUSE_PID`` (a broker)
+    every ``TIDEMARK_PAUSE_EVERY``-th time the relay reaches step ``TIDEMARK_PAUSE_AT``, after
+    ``settle``; the test resumes it."""
+    if os.environ.get("TIDEMARK_PAUSE_AT") != name:
+        return
+    _pauses[name] += 1
+    if _pauses[name] % int(os.environ.get("TIDEMARK_PAUSE_EVERY", "1")) == 0:
+        if settle is not None:
+            settle()
+        os.kill(int(os.environ["TIDEMARK_PAUSE_PID"]), signal.SIGSTOP)
 
 
 @dataclass
@@ -559,6 +578,9 @@ class Relay:
             if early:
                 self._await_deliveries(p, group)
                 placement.verify(group.offsets)
+            # The pause tests stop the broker here, everything acknowledged: commit_transaction's
+            # EndTxn then waits on it, and its outcome is unknown to the relay if the pause outlasts it.
+            _pause_point("committing", lambda: p.flush(self.config.transaction_timeout_ms / 1000))
 
         try:
             producer.within(body, what=f"relaying {len(group.txns)} source transaction(s) up to "
@@ -762,8 +784,10 @@ class Relay:
             self._acknowledge(capture)                                         # step 6
 
     def _resume(self) -> None:
-        self.position = read_position(self.client_config, self.config.offsets_topic, self.config.id,
-                                      wait=2 * self.config.transaction_timeout_ms / 1000 + 30)
+        """Step 2 (:func:`outbox.position.resumed`: never from a position older than one known here)."""
+        self.position = resumed(self.position, read_position(
+            self.client_config, self.config.offsets_topic, self.config.id,
+            wait=2 * self.config.transaction_timeout_ms / 1000 + 30, exists=True), self.config.offsets_topic)
         # Where read_position looks: an offsets topic made elsewhere may have more than one partition.
         self._offsets_partition = offsets_partition(self.config.id, self._partitions(self.config.offsets_topic) or 1)
         log.info("relay %s resumes after %s", self.config.id,

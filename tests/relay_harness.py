@@ -7,6 +7,7 @@ exactly one Kafka transaction.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -132,16 +133,18 @@ class RelaySetup:
     def argv(self, *extra: str) -> list[str]:
         return [sys.executable, "-m", "tidemark.cli", "relay", "run", "--config", str(self.config), *extra]
 
-    def env(self, crash_at: str | None = None) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k != "TIDEMARK_CRASH_AT"}
+    def env(self, crash_at: str | None = None, **faults: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k != "TIDEMARK_CRASH_AT" and not k.startswith("TIDEMARK_PAUSE_")}
         if crash_at:
             env["TIDEMARK_CRASH_AT"] = crash_at
-        return env
+        return env | faults
 
-    def start(self, *extra: str, crash_at: str | None = None, log: str = "relay.log") -> subprocess.Popen[bytes]:
-        """`tidemark relay run` in its own process group (so a kill takes all of it)."""
+    def start(self, *extra: str, crash_at: str | None = None, log: str = "relay.log",
+              **faults: str) -> subprocess.Popen[bytes]:
+        """`tidemark relay run` in its own process group (so a kill takes all of it); ``faults``: more
+        fault-injection variables (``TIDEMARK_PAUSE_AT=...``)."""
         out = open(self.tmp / log, "ab")  # noqa: SIM115 - the child owns it
-        return subprocess.Popen(self.argv(*extra), env=self.env(crash_at), stdout=out, stderr=out,
+        return subprocess.Popen(self.argv(*extra), env=self.env(crash_at, **faults), stdout=out, stderr=out,
                                 start_new_session=True)
 
     def run(self, *extra: str, crash_at: str | None = None, timeout: float = 180) -> int:
@@ -236,14 +239,11 @@ class CommittedChecker:
             while not self._stop.is_set():
                 if time.monotonic() - listed > 1.0:
                     listed = time.monotonic()
-                    try:
-                        fresh = [t for t in self.setup.event_topics() if t not in known]
-                    except Exception:  # noqa: BLE001 - the broker may be paused by the test
-                        fresh = []
-                    for topic in fresh:
-                        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-                        consumer.incremental_assign([TopicPartition(topic, p, 0) for p in parts])
-                        known.add(topic)
+                    with contextlib.suppress(Exception):  # the broker may be paused by the test: next round
+                        for topic in [t for t in self.setup.event_topics() if t not in known]:
+                            parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+                            consumer.incremental_assign([TopicPartition(topic, p, 0) for p in parts])
+                            known.add(topic)
                 for m in consumer.consume(num_messages=1000, timeout=0.2):
                     err = m.error()
                     tp = (m.topic(), m.partition())
@@ -383,7 +383,14 @@ def assert_relayed_exactly_once(setup: RelaySetup, committed: list[SourceTxn], r
         records = [r for r in records if any(k == H.LSN for k, _ in r.headers)]
     ids = [header(r, H.EVENT_ID) for r in records]
     duplicates = {i for i, n in Counter(ids).items() if n > 1}
-    assert not duplicates, f"{len(duplicates)} events relayed more than once, e.g. {sorted(duplicates)[:3]}"
+    if duplicates:
+        copies = [f"{r.topic}:{r.partition}@{r.offset} LSN {header(r, H.LSN)} xid {header(r, H.TXID)}"
+                  for r in records if header(r, H.EVENT_ID) in duplicates]
+        manifests = [m for m in setup.manifests()
+                     if any(e.txn.split("/")[0] in {c.split()[2] for c in copies} for e in m.entries)]
+        raise AssertionError(f"{len(duplicates)} events relayed more than once, e.g. {sorted(duplicates)[:3]}; "
+                             f"their copies:\n" + "\n".join(sorted(copies)[:40]) + "\nthe manifests naming them:\n"
+                             + "\n".join(repr(m) for m in manifests) + f"\nthe relay's warnings:\n{setup.warnings(80)}")
     expected = {e[0] for t in committed for e in t.events}
     missing, extra = expected - set(ids), set(ids) - expected
     assert not missing, f"{len(missing)} committed events missing, e.g. {sorted(missing)[:3]}"

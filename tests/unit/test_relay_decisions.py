@@ -12,7 +12,7 @@ from connectors.producer import (
     ProducerFencedError,
     TransactionalProducer,
 )
-from outbox.position import Position, Source
+from outbox.position import Position, PositionUnreadableError, Source, resumed
 from outbox.source import Slot, SourceChangedError, verify
 
 HERE = Source("7000", 3, "tidemark_outbox")
@@ -108,3 +108,18 @@ def test_the_relay_raises_the_young_gc_threshold_only_while_it_runs() -> None:
             assert gc.get_threshold()[0] == 10 * YOUNG_GC_THRESHOLD
     finally:
         gc.set_threshold(*before)
+
+
+def test_a_relay_never_resumes_from_a_position_older_than_one_it_knew() -> None:
+    """An unsettled offsets topic (a broker just paused or restarted) may answer an older position or none;
+    the slot would resend what Kafka holds and it would go again, so the answer is not acted on."""
+    with pytest.raises(PositionUnreadableError, match="0/3E7, older than 0/3E8"):
+        resumed(_at(1000), _at(999), "t.offsets")
+    with pytest.raises(PositionUnreadableError, match=r"\(none\), older than 0/3E8"):
+        resumed(_at(1000), None, "t.offsets")
+    assert resumed(_at(1000), _at(1000), "t") == _at(1000)
+    assert resumed(_at(1000), _at(1200), "t") == _at(1200)
+    assert resumed(None, None, "t") is None  # a first start
+    # Another stream's position (a reset relay, another database) is not compared: verify() judges it.
+    other = _at(10, Source("6999", 1, "s"))
+    assert resumed(_at(1000), other, "t") == other
