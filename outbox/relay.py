@@ -50,9 +50,9 @@ Steps of :meth:`Relay.run`, in order, with what a crash right after each leaves 
    never moves past the position in Kafka (step 3 relies on it).
 
 Kafka being unavailable (calls failing for ``relay.kafka_retry_seconds``) is not a
-reason to stop: the relay steps back, waits (doubling up to 30 s), and resumes from
-step 1. Only being fenced, a changed source stream, a refused event or bad configuration
-stop it (non-zero exit).
+reason to stop: the relay steps back, waits (doubling up to 30 s, from 1 s again once a
+group has committed since), and resumes from step 1. Only being fenced, a changed source
+stream, a refused event or bad configuration stop it (non-zero exit).
 """
 
 from __future__ import annotations
@@ -654,12 +654,14 @@ class Relay:
             return self._run(stop, idle_exit)
 
     def _run(self, stop: threading.Event, idle_exit: float | None) -> RelayReport:
-        delay, redos, committed = 1.0, 0, -1
+        delay, redos, committed, relayed = 1.0, 0, -1, 0
         while not stop.is_set():
             try:
                 self._session(stop, idle_exit)
                 return self.report
             except (KafkaUnavailableError, PositionUnreadableError, ServiceUnavailableError) as outage:
+                if self.report.kafka_transactions != relayed:  # a new outage, not the same one going on
+                    delay, relayed = 1.0, self.report.kafka_transactions
                 self.report.outages += 1
                 log.warning("Kafka unavailable (%s); the relay steps back for %.0f s and resumes by itself "
                             "(the slot keeps every transaction not yet acknowledged)", outage, delay)

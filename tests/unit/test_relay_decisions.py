@@ -3,6 +3,8 @@ producer classifies a transactional error (connectors.producer)."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
@@ -13,6 +15,7 @@ from connectors.producer import (
     TransactionalProducer,
 )
 from outbox.position import Position, PositionUnreadableError, Source, resumed
+from outbox.relay import Relay
 from outbox.source import Slot, SourceChangedError, verify
 
 HERE = Source("7000", 3, "tidemark_outbox")
@@ -123,3 +126,31 @@ def test_a_relay_never_resumes_from_a_position_older_than_one_it_knew() -> None:
     # Another stream's position (a reset relay, another database) is not compared: verify() judges it.
     other = _at(10, Source("6999", 1, "s"))
     assert resumed(_at(1000), other, "t") == other
+
+
+def test_the_back_off_starts_over_once_the_relay_has_relayed_again() -> None:
+    """Outages back off 1, 2, 4 ... 30 s while one goes on; one that follows relayed groups is a new
+    outage and waits 1 s again (before, a relay running for months waited 30 s at every blip)."""
+    from tidemark.config import RelayConfig
+
+    relay = Relay(RelayConfig(), dsn="", client_config={})
+    sessions = iter([0, 0, 0, 3, 0, 5])  # groups each session commits before Kafka goes away again
+
+    def session(stop: threading.Event, idle_exit: float | None) -> None:
+        relayed = next(sessions, None)
+        if relayed is None:
+            return
+        relay.report.kafka_transactions += relayed
+        raise KafkaUnavailableError("down")
+
+    waits: list[float] = []
+
+    class Clock(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            waits.append(float(timeout or 0))
+            return False
+
+    stop = Clock()
+    relay._session = session  # type: ignore[method-assign]
+    relay._run(stop, None)
+    assert waits == [1.0, 2.0, 4.0, 1.0, 2.0, 1.0]
