@@ -8,8 +8,11 @@ import random
 import subprocess
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import psutil
 import psycopg2
 import pytest
 
@@ -106,12 +109,11 @@ def test_relay_recovers_by_itself_from_postgres_then_broker_restarts(settings: S
         assert report["outages"] == 0 or "Kafka unavailable" in log, report
 
 
-@pytest.mark.timeout(900)
-def test_a_broker_paused_inside_commit_transaction_settles_by_a_fence_never_a_redo(
-        settings: Settings, tmp_path: Path, postgres_dsn: str) -> None:
-    """The relay itself SIGSTOPs the broker right before ``commit_transaction`` of every 15th group;
-    resumed after less or more than the commit's timeout, the commit completes late or its outcome
-    is unknown to the relay: each case must leave every source transaction in Kafka once."""
+def _under_a_paused_broker(settings: Settings, tmp_path: Path, postgres_dsn: str, *, seed: int,
+                           pauses: Callable[[psutil.Process, subprocess.Popen[bytes], RelaySetup], None],
+                           **faults: str) -> dict[str, Any]:
+    """A relay on a broker of its own under 3 writers and a read_committed checker, while ``pauses``
+    stops and resumes the broker; then every guarantee is checked. Returns the relay's report."""
     if settings.kafka.bootstrap_servers:
         pytest.skip("pauses a broker of its own")
     with kafka_cluster(settings, tmp_path / "kafka") as (bootstrap, kafka):
@@ -121,20 +123,11 @@ def test_a_broker_paused_inside_commit_transaction_settles_by_a_fence_never_a_re
                                   transaction_timeout_ms=8000)
         broker = kafka.nodes[0].pidfile.process()
         assert broker is not None
-        writers = Writers(setup, threads=3, late_rate=0.2, rollback_rate=0.15, pause=0.01, seed=37).start()
+        writers = Writers(setup, threads=3, late_rate=0.2, rollback_rate=0.15, pause=0.01, seed=seed).start()
         checker = CommittedChecker(bootstrap, setup).start()
-        relay = setup.start(TIDEMARK_PAUSE_AT="committing", TIDEMARK_PAUSE_PID=str(broker.pid), TIDEMARK_PAUSE_EVERY="15")
-        pauses = []
+        relay = setup.start(**{k: v.format(broker=broker.pid) for k, v in faults.items()})
         try:
-            for pause in (1.0, 12.0, 5.0, 20.0, 9.0, 15.0, 10.0):
-                deadline = time.monotonic() + 120
-                while broker.status() != "stopped":
-                    assert time.monotonic() < deadline, f"no commit reached:\n{setup.log_tail()}"
-                    assert relay.poll() is None, f"relay exited {relay.returncode}:\n{setup.log_tail()}"
-                    time.sleep(0.05)
-                time.sleep(pause)
-                broker.resume()
-                pauses.append(pause)
+            pauses(broker, relay, setup)
             writers.stop()
             setup.catch_up_and_stop(relay)
         finally:
@@ -144,10 +137,32 @@ def test_a_broker_paused_inside_commit_transaction_settles_by_a_fence_never_a_re
             checker.stop()
         counts = assert_relayed_exactly_once(setup, writers.committed, writers.rolled_back)
         checker.assert_never_saw_part(setup)
-        log = (tmp_path / "relay.log").read_text(errors="replace")
-        report = json.loads(next(line for line in reversed(log.splitlines()) if line.startswith("{")))
-        print(f"{pauses}; {counts}; {report}")
-        assert report["redone"] >= 1, report  # some commit's outcome was unknown
+    log = (tmp_path / "relay.log").read_text(errors="replace")
+    report: dict[str, Any] = json.loads(next(line for line in reversed(log.splitlines()) if line.startswith("{")))
+    print(f"{counts}; {report}")
+    return report
+
+
+@pytest.mark.timeout(900)
+def test_a_broker_paused_inside_commit_transaction_settles_by_a_fence_never_a_redo(
+        settings: Settings, tmp_path: Path, postgres_dsn: str) -> None:
+    """The relay itself SIGSTOPs the broker right before ``commit_transaction`` of every 15th group;
+    resumed after less or more than the commit's timeout, the commit completes late or its outcome
+    is unknown to the relay: each case must leave every source transaction in Kafka once."""
+    def pauses(broker: psutil.Process, relay: subprocess.Popen[bytes], setup: RelaySetup) -> None:
+        for pause in (1.0, 12.0, 5.0, 20.0, 9.0, 15.0, 10.0):
+            deadline = time.monotonic() + 120
+            while broker.status() != psutil.STATUS_STOPPED:
+                assert time.monotonic() < deadline, f"no commit reached:\n{setup.log_tail()}"
+                assert relay.poll() is None, f"relay exited {relay.returncode}:\n{setup.log_tail()}"
+                time.sleep(0.05)
+            time.sleep(pause)
+            broker.resume()
+
+    report = _under_a_paused_broker(settings, tmp_path, postgres_dsn, seed=37, pauses=pauses,
+                                    TIDEMARK_PAUSE_AT="committing", TIDEMARK_PAUSE_PID="{broker}",
+                                    TIDEMARK_PAUSE_EVERY="15")
+    assert report["redone"] >= 1, report  # some commit's outcome was unknown
 
 
 @pytest.mark.timeout(900)
@@ -156,40 +171,18 @@ def test_a_broker_paused_during_commits_costs_nothing_and_the_relay_recovers_by_
     """SIGSTOP the broker at random instants (group commits run every ~100 ms, so commits are
     caught mid-flight), some pauses longer than the commit timeout: commits of unknown outcome,
     settled by a fence and a position read, never a blind redo."""
-    if settings.kafka.bootstrap_servers:
-        pytest.skip("pauses a broker of its own")
-    with kafka_cluster(settings, tmp_path / "kafka") as (bootstrap, kafka):
-        if kafka is None:
-            pytest.skip("needs the embedded broker to pause it")
-        setup = RelaySetup.create(tmp_path, postgres_dsn, bootstrap, ack_every=5, kafka_retry_seconds=5,
-                                  transaction_timeout_ms=8000)
-        writers = Writers(setup, threads=3, late_rate=0.2, rollback_rate=0.15, pause=0.01, seed=31).start()
-        checker = CommittedChecker(bootstrap, setup).start()
-        relay = setup.start()
+    def pauses(broker: psutil.Process, relay: subprocess.Popen[bytes], setup: RelaySetup) -> None:
         rng = random.Random(31)
-        broker = kafka.nodes[0].pidfile.process()
-        assert broker is not None
-        try:
-            time.sleep(4)
-            for pause in (2.0, 12.0, rng.uniform(0.5, 3), 11.0, rng.uniform(0.5, 3)):
-                time.sleep(rng.uniform(1.0, 4.0))
-                broker.suspend()
-                time.sleep(pause)
-                broker.resume()
-                assert relay.poll() is None, f"relay exited {relay.returncode}:\n{setup.log_tail()}"
-            writers.stop()
-            setup.catch_up_and_stop(relay)
-        finally:
+        time.sleep(4)
+        for pause in (2.0, 12.0, rng.uniform(0.5, 3), 11.0, rng.uniform(0.5, 3)):
+            time.sleep(rng.uniform(1.0, 4.0))
+            broker.suspend()
+            time.sleep(pause)
             broker.resume()
-            if relay.poll() is None:
-                kill_group(relay)
-            checker.stop()
-        counts = assert_relayed_exactly_once(setup, writers.committed, writers.rolled_back)
-        checker.assert_never_saw_part(setup)
-        log = (tmp_path / "relay.log").read_text(errors="replace")
-        report = json.loads(next(line for line in reversed(log.splitlines()) if line.startswith("{")))
-        print(f"{counts}; {report}")
-        assert report["redone"] + report["outages"] >= 1, report  # the pauses were felt
+            assert relay.poll() is None, f"relay exited {relay.returncode}:\n{setup.log_tail()}"
+
+    report = _under_a_paused_broker(settings, tmp_path, postgres_dsn, seed=31, pauses=pauses)
+    assert report["redone"] + report["outages"] >= 1, report  # the pauses were felt
 
 
 @pytest.mark.timeout(900)
