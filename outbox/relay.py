@@ -11,7 +11,8 @@ Steps of :meth:`Relay.run`, in order, with what a crash right after each leaves 
    past the high watermark seen after the fence, so no open transaction of another
    producer hides it. An answer without the topic, its partition or a leader, or a position
    older than one this process committed or read before, is a broker still settling after a
-   pause or restart (transient), never "relay from the slot's start". *resumed*: nothing new.
+   pause or restart (transient), never "relay from the slot's start"; an older position that
+   outlasts the read's own wait is believed, with an alert. *resumed*: nothing new.
 3. **Capture.** Connect to the slot, check the server is the position's stream (same
    system, a timeline that did not fork before the position, a slot that exists, is
    valid and has not confirmed past the position: ``outbox.source``), then stream; the
@@ -297,6 +298,8 @@ class Relay:
         self.position: Position | None = None
         """The newest position this relay knows is committed: set at each commit and each resume,
         so nothing that fails after a commit (an acknowledgement, say) can leave it stale."""
+        self._older_since: float | None = None
+        """Since when the offsets topic has answered a position older than :attr:`position` (see :meth:`_resume`)."""
 
     # -- set-up ------------------------------------------------------------------
 
@@ -786,10 +789,26 @@ class Relay:
             self._acknowledge(capture)                                         # step 6
 
     def _resume(self) -> None:
-        """Step 2 (:func:`outbox.position.resumed`: never from a position older than one known here)."""
-        self.position = resumed(self.position, read_position(
-            self.client_config, self.config.offsets_topic, self.config.id,
-            wait=2 * self.config.transaction_timeout_ms / 1000 + 30, exists=True), self.config.offsets_topic)
+        """Step 2: never from a position older than one known here (:func:`outbox.position.resumed`) while
+        the topic may still be settling; past that window an older answer is the truth after all (a
+        commit Kafka acknowledged is not there), and resuming from it lets the slot resend what it
+        holds, so that nothing it still has is lost; an alert says so."""
+        settle = 2 * self.config.transaction_timeout_ms / 1000 + 30
+        read = read_position(self.client_config, self.config.offsets_topic, self.config.id, wait=settle, exists=True)
+        try:
+            self.position = resumed(self.position, read, self.config.offsets_topic)
+            self._older_since = None
+        except PositionUnreadableError:
+            now = time.monotonic()
+            self._older_since = self._older_since or now
+            if now - self._older_since < settle:
+                raise
+            log.error("ALERT relay %s: the offsets topic has answered position %s for %.0f s, older than %s, which "
+                      "Kafka acknowledged as committed; resuming from it: the slot resends what it has not "
+                      "confirmed, and what Kafka does hold of that goes again (ingest with dedup drops the copies)",
+                      self.config.id, format_lsn(read.end_lsn) if read else "(none)", now - self._older_since,
+                      format_lsn(self.position.end_lsn) if self.position else "?")
+            self.position, self._older_since = read, None
         # Where read_position looks: an offsets topic made elsewhere may have more than one partition.
         self._offsets_partition = offsets_partition(self.config.id, self._partitions(self.config.offsets_topic) or 1)
         log.info("relay %s resumes after %s", self.config.id,

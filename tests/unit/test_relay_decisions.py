@@ -154,3 +154,28 @@ def test_the_back_off_starts_over_once_the_relay_has_relayed_again() -> None:
     relay._session = session  # type: ignore[method-assign]
     relay._run(stop, None)
     assert waits == [1.0, 2.0, 4.0, 1.0, 2.0, 1.0]
+
+
+def test_an_older_position_is_believed_only_after_the_settling_window(monkeypatch: pytest.MonkeyPatch,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """Refused while the topic may be settling (the read's own wait: 2 x the transaction timeout + 30 s);
+    still older after that, it is the truth (a commit Kafka acknowledged is not there), and resuming from
+    it lets the slot resend what it has: an alert, not a relay stuck for ever."""
+    import outbox.relay as relay_module
+    from tidemark.config import RelayConfig
+
+    relay = Relay(RelayConfig(transaction_timeout_ms=10_000), dsn="", client_config={})
+    relay.position = _at(1000)
+    clock = [100.0]
+    monkeypatch.setattr(relay_module, "read_position", lambda *a, **k: _at(900))
+    monkeypatch.setattr(relay_module.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(Relay, "_partitions", lambda self, topic: 1)
+    for seconds in (0, 20, 49.9):
+        clock[0] = 100 + seconds
+        with pytest.raises(PositionUnreadableError):
+            relay._resume()
+        assert relay.position == _at(1000)
+    clock[0] = 150.5
+    relay._resume()
+    assert relay.position == _at(900)
+    assert "ALERT" in caplog.text and "0/384" in caplog.text
