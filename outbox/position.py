@@ -93,8 +93,8 @@ def resumed(known: Position | None, read: Position | None, topic: str) -> Positi
         raise PositionUnreadableError(
             f"offsets topic {topic} answered position {format_lsn(read.end_lsn) if read else '(none)'}, older "
             f"than {format_lsn(known.end_lsn)}, which this relay committed or read before: the topic is not "
-            "settled (a broker restarting or paused) or is not the one it was (a replaced cluster); nothing "
-            "is relayed until it answers a position at least as new")
+            "settled (a broker restarting or paused) or is not the one it was (a replaced cluster); the "
+            "relay reads it again before it relays anything")
     return read
 
 
