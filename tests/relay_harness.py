@@ -384,8 +384,8 @@ def assert_relayed_exactly_once(setup: RelaySetup, committed: list[SourceTxn], r
     if duplicates:
         copies = [f"{r.topic}:{r.partition}@{r.offset} LSN {header(r, H.LSN)} xid {header(r, H.TXID)}"
                   for r in records if header(r, H.EVENT_ID) in duplicates]
-        manifests = [m for m in setup.manifests()
-                     if any(e.txn.rsplit("/", 1)[0] in {c.split()[2] for c in copies} for e in m.entries)]
+        lsns = {header(r, H.LSN) for r in records if header(r, H.EVENT_ID) in duplicates}
+        manifests = [m for m in setup.manifests() if any(e.txn.rsplit("/", 1)[0] in lsns for e in m.entries)]
         raise AssertionError(f"{len(duplicates)} events relayed more than once, e.g. {sorted(duplicates)[:3]}; "
                              f"their copies:\n" + "\n".join(sorted(copies)[:40]) + "\nthe manifests naming them:\n"
                              + "\n".join(repr(m) for m in manifests) + f"\nthe relay's warnings:\n{setup.warnings(80)}")
