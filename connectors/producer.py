@@ -209,8 +209,8 @@ class TransactionalProducer:
                     _serve(lambda: self._producer.poll(0.05))  # queue full: let deliveries drain
                 except KafkaException as exc:
                     err: KafkaError = exc.args[0]
-                    if err.fatal():
-                        raise _fatal(err, f"producing to {topic}", self.transactional_id) from None
+                    if err.fatal() or err.code() == KafkaError._FATAL:  # produce()'s errors carry no fatal flag
+                        raise _fatal(self._cause(err), f"producing to {topic}", self.transactional_id) from None
                     raise
 
     def serve(self) -> None:
@@ -259,12 +259,30 @@ class TransactionalProducer:
         except KafkaException as exc:
             err = exc.args[0]
             if err.fatal() or not err.txn_requires_abort() or err.code() in _REFUSED:
-                raise _fatal(err, what, self.transactional_id) from None
+                raise _fatal(self._cause(err), what, self.transactional_id) from None
             self._disturbed = self._disturbed or f"abortable {err.name()} in {what}"
             self.abort(timeout)
             raise TransactionAbortedError(f"{what}: transaction aborted by {err.name()} ({err.str()})") from None
         except SystemError as exc:
             self._settle_unexplained(exc, what, timeout)
+
+    def _cause(self, err: KafkaError) -> KafkaError:
+        """The error that made the instance fatal, where ``err`` is only librdkafka's generic ``_FATAL``.
+
+        ``produce()`` on an instance that has just been fenced answers ``_FATAL`` ("Unable to
+        produce message"), which hides the fence (exit 3) behind a generic fatal error. A
+        transactional call on a fatal instance raises the stored cause itself (``_FENCED``,
+        say), without a request to the broker, so an abort asks for it.
+        """
+        if err.code() != KafkaError._FATAL:
+            return err
+        try:
+            self._producer.abort_transaction(1.0)
+        except KafkaException as exc:
+            cause: KafkaError = exc.args[0]
+            if cause.fatal() and cause.code() != KafkaError._FATAL:
+                return cause
+        return err
 
     def _settle_unexplained(self, exc: SystemError, what: str, timeout: float) -> None:
         """A call failed inside the transaction with a ``SystemError`` and no Kafka error at all.

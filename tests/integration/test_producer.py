@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from connectors.producer import KafkaUnavailableError, TransactionalProducer
 from tests.kafka_helpers import read_all
@@ -129,6 +130,39 @@ def test_fenced_while_delivery_reports_are_served_is_a_fence(kafka_bootstrap: st
         second.init(30)  # fences ``first`` before any of its records reach the broker
         p.produce_all((topic, i % 3, b"k", b"v", None, partial(delivered, i)) for i in range(200))
         p.flush(30)
+
+    try:
+        with pytest.raises(ProducerFencedError):
+            first.run(body, what="a fenced transaction", timeout=10)
+    finally:
+        first.close(5)
+        second.close(5)
+
+
+def test_a_produce_refused_after_a_fence_is_a_fence(kafka_bootstrap: str,
+                                                    topic_factory) -> None:  # type: ignore[no-untyped-def]
+    """Once the instance knows it is fenced, ``produce()`` answers librdkafka's generic ``_FATAL``
+    ("Unable to produce message"); the caller must still get the fence (exit 3), not a fatal error."""
+    from connectors.producer import ProducerFencedError
+
+    topic = topic_factory("fenced-produce", partitions=1)
+    tid = f"fenced-produce-{uuid.uuid4().hex[:8]}"
+    reports: list[object] = []
+    first = TransactionalProducer({"bootstrap.servers": kafka_bootstrap, "transactional.id": tid}, retry_for=10)
+    first.init(30)
+    second = TransactionalProducer({"bootstrap.servers": kafka_bootstrap, "transactional.id": tid}, retry_for=10)
+
+    def body(p: TransactionalProducer) -> None:
+        second.init(30)
+        p.produce(topic, key=b"k", value=b"first", on_delivery=lambda err, msg: reports.append(err))
+        deadline = time.monotonic() + 30
+        while not reports and time.monotonic() < deadline:  # the fence reaches the instance as a failed delivery
+            try:
+                p.serve()
+            except KafkaException:
+                break
+            time.sleep(0.05)
+        p.produce(topic, key=b"k", value=b"after the fence")
 
     try:
         with pytest.raises(ProducerFencedError):
