@@ -14,6 +14,7 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Callable
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
@@ -113,8 +114,6 @@ def test_fenced_while_delivery_reports_are_served_is_a_fence(kafka_bootstrap: st
     not the ``SystemError`` confluent-kafka raises when it calls a callback after the fatal error."""
     from functools import partial
 
-    from connectors.producer import ProducerFencedError
-
     topic = topic_factory("fenced-reports", partitions=3)
     tid = f"fenced-reports-{uuid.uuid4().hex[:8]}"
     seen: list[object] = []
@@ -122,38 +121,22 @@ def test_fenced_while_delivery_reports_are_served_is_a_fence(kafka_bootstrap: st
     def delivered(index: int, err: object, msg: object) -> None:
         seen.append(err)
 
-    first = TransactionalProducer({"bootstrap.servers": kafka_bootstrap, "transactional.id": tid}, retry_for=10)
-    first.init(30)
-    second = TransactionalProducer({"bootstrap.servers": kafka_bootstrap, "transactional.id": tid}, retry_for=10)
-
     def body(p: TransactionalProducer) -> None:
-        second.init(30)  # fences ``first`` before any of its records reach the broker
         p.produce_all((topic, i % 3, b"k", b"v", None, partial(delivered, i)) for i in range(200))
         p.flush(30)
 
-    try:
-        with pytest.raises(ProducerFencedError):
-            first.run(body, what="a fenced transaction", timeout=10)
-    finally:
-        first.close(5)
-        second.close(5)
+    _fenced_within(kafka_bootstrap, tid, body)
 
 
 def test_a_produce_refused_after_a_fence_is_a_fence(kafka_bootstrap: str,
                                                     topic_factory) -> None:  # type: ignore[no-untyped-def]
     """Once the instance knows it is fenced, ``produce()`` answers librdkafka's generic ``_FATAL``
     ("Unable to produce message"); the caller must still get the fence (exit 3), not a fatal error."""
-    from connectors.producer import ProducerFencedError
-
     topic = topic_factory("fenced-produce", partitions=1)
     tid = f"fenced-produce-{uuid.uuid4().hex[:8]}"
     reports: list[object] = []
-    first = TransactionalProducer({"bootstrap.servers": kafka_bootstrap, "transactional.id": tid}, retry_for=10)
-    first.init(30)
-    second = TransactionalProducer({"bootstrap.servers": kafka_bootstrap, "transactional.id": tid}, retry_for=10)
 
     def body(p: TransactionalProducer) -> None:
-        second.init(30)
         p.produce(topic, key=b"k", value=b"first", on_delivery=lambda err, msg: reports.append(err))
         deadline = time.monotonic() + 30
         while not reports and time.monotonic() < deadline:  # the fence reaches the instance as a failed delivery
@@ -164,9 +147,25 @@ def test_a_produce_refused_after_a_fence_is_a_fence(kafka_bootstrap: str,
             time.sleep(0.05)
         p.produce(topic, key=b"k", value=b"after the fence")
 
+    _fenced_within(kafka_bootstrap, tid, body)
+
+
+def _fenced_within(kafka_bootstrap: str, tid: str, body: Callable[[TransactionalProducer], None]) -> None:
+    """Run ``body`` in a transaction of an instance that a second one fences as the body starts:
+    the caller must get the fence (exit 3), whatever the body was doing when it arrived."""
+    from connectors.producer import ProducerFencedError
+
+    first = TransactionalProducer({"bootstrap.servers": kafka_bootstrap, "transactional.id": tid}, retry_for=10)
+    first.init(30)
+    second = TransactionalProducer({"bootstrap.servers": kafka_bootstrap, "transactional.id": tid}, retry_for=10)
+
+    def fenced_then_body(p: TransactionalProducer) -> None:
+        second.init(30)  # fences ``first`` before any of its records reach the broker
+        body(p)
+
     try:
         with pytest.raises(ProducerFencedError):
-            first.run(body, what="a fenced transaction", timeout=10)
+            first.run(fenced_then_body, what="a fenced transaction", timeout=10)
     finally:
         first.close(5)
         second.close(5)
