@@ -382,9 +382,9 @@ def assert_relayed_exactly_once(setup: RelaySetup, committed: list[SourceTxn], r
     ids = [header(r, H.EVENT_ID) for r in records]
     duplicates = {i for i, n in Counter(ids).items() if n > 1}
     if duplicates:
-        copies = [f"{r.topic}:{r.partition}@{r.offset} LSN {header(r, H.LSN)} xid {header(r, H.TXID)}"
-                  for r in records if header(r, H.EVENT_ID) in duplicates]
-        lsns = {header(r, H.LSN) for r in records if header(r, H.EVENT_ID) in duplicates}
+        doubled = [r for r in records if header(r, H.EVENT_ID) in duplicates]
+        copies = [f"{r.topic}:{r.partition}@{r.offset} LSN {header(r, H.LSN)} xid {header(r, H.TXID)}" for r in doubled]
+        lsns = {header(r, H.LSN) for r in doubled}
         manifests = [m for m in setup.manifests() if any(e.txn.rsplit("/", 1)[0] in lsns for e in m.entries)]
         raise AssertionError(f"{len(duplicates)} events relayed more than once, e.g. {sorted(duplicates)[:3]}; "
                              f"their copies:\n" + "\n".join(sorted(copies)[:40]) + "\nthe manifests naming them:\n"
