@@ -156,7 +156,7 @@ def run_write_only(spark: Any, bootstrap: str, topic: str, target: Path) -> tupl
     return spark.read.format("delta").load(str(target)).count(), 1
 
 
-def process_run(command: list[str], cwd: Path) -> tuple[float, int]:
+def process_run(command: list[str], cwd: Path, env: dict[str, str] | None = None) -> tuple[float, int]:
     """(seconds, peak resident bytes of the process tree's largest process) of one command."""
     import subprocess
 
@@ -165,7 +165,7 @@ def process_run(command: list[str], cwd: Path) -> tuple[float, int]:
     output = cwd / f"process-{uuid.uuid4().hex[:8]}.log"  # a file, not a pipe nobody drains while it runs
     started = time.perf_counter()
     with output.open("wb") as sink:
-        proc = subprocess.Popen(command, cwd=cwd, stdout=sink, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(command, cwd=cwd, stdout=sink, stderr=subprocess.STDOUT, env=env)
     peak = 0
     root = psutil.Process(proc.pid)
     while proc.poll() is None:

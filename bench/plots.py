@@ -161,7 +161,15 @@ def jit(data: dict[str, Any]) -> Figure:
                     {name: [f["warm_s"], f["warm_jit_s"]] for name, f in summary.items()}, "seconds")
 
 
+def cold_start(data: dict[str, Any]) -> Figure:
+    medians = data["medians"]
+    return _grouped(f"A cold process, {data['records']:,} records (ingest without / with the class archive "
+                    f"{data['ratio_ingest_without_vs_with']:.2f}×)", ["tidemark ingest s", "session start+stop s"],
+                    {name: [m["ingest_s"], m["session_s"]] for name, m in medians.items()}, "seconds")
+
+
 CHARTS: dict[str, Callable[[dict[str, Any]], Figure]] = {
+    "cold_start_bench": cold_start,
     "revisions": revisions, "jit_bench": jit, "local_fs_bench": local_fs,
     "reader_reuse_bench": reader_reuse, "ingest_bench": ingest, "serve_bench": serve, "history_properties": history_properties,
     "relay_bench": relay, "g3_bench": g3, "freshness_bench": freshness, "position_bench": position,

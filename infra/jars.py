@@ -139,6 +139,11 @@ def main() -> int:
     from infra import udfs
 
     print(f"Tidemark's Spark classes: {udfs.build(home)}")
+    from infra import cds
+
+    archive = cds.build(home)
+    if archive is not None:
+        print(f"the Spark driver's class-data sharing archive: {archive}")
     return 0
 
 

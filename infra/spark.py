@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from infra import cds, udfs
 from infra import jars as jar_cache
-from infra import udfs
 from tidemark.logs import jvm_stdout_to_log
 from tidemark.settings import Settings
 
@@ -44,14 +44,20 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
+def driver_class_path(home: Path) -> tuple[str, ...]:
+    """The jars a local driver loads, in order: what its class-data sharing archive is keyed on (infra.cds)."""
+    spark_jars = jar_cache.resolve(home, "spark")
+    tidemark_jar = udfs.build(home)  # with udfs.fs_jar_path(home) beside it
+    return (str(udfs.fs_jar_path(home)), *(str(j) for j in spark_jars.jars), str(tidemark_jar))
+
+
 def spark_conf(settings: Settings, *, warehouse: Path | None = None) -> dict[str, str]:
     """Every Spark setting Tidemark relies on, as a plain dict (also used by spark-submit docs)."""
-    spark_jars = jar_cache.resolve(settings.home_dir, "spark")
     home = settings.home_dir
-    tidemark_jar = udfs.build(home)  # with udfs.fs_jar_path(home) beside it
+    class_path = driver_class_path(home)
     conf = {
         "spark.master": settings.spark.master,
-        "spark.jars": ",".join(str(j) for j in [*spark_jars.jars, tidemark_jar]),
+        "spark.jars": ",".join(class_path[1:]),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.driver.memory": settings.spark.driver_memory,
@@ -70,8 +76,9 @@ def spark_conf(settings: Settings, *, warehouse: Path | None = None) -> dict[str
         "spark.sql.adaptive.enabled": "true",
         **{f"spark.hadoop.parquet.enable.dictionary#{column}": "false" for column in PLAIN_ENCODED_COLUMNS},
         "spark.driver.extraJavaOptions": (
-            f"-Dderby.system.home={home / 'derby'} -Dlog4j2.configurationFile={_log4j2()} {JIT_OPTIONS}"
-        ),
+            f"-Dderby.system.home={home / 'derby'} -Dlog4j2.configurationFile={_log4j2()} {JIT_OPTIONS} "
+            f"{cds.driver_options(cds.archive_path(home, class_path)) if settings.spark.class_data_sharing else ''}"
+        ).strip(),
     }
     if settings.spark.master.startswith("local"):
         conf["spark.driver.bindAddress"] = "127.0.0.1"

@@ -70,6 +70,8 @@ class SparkSettings(BaseModel):
     """Driver heap (local mode runs executors inside the driver)."""
     shuffle_partitions: Annotated[int, Field(ge=1)] = 4
     """``spark.sql.shuffle.partitions``: Spark's 200 wastes time on 2 cores."""
+    class_data_sharing: bool = True
+    """Start the driver JVM from the class archive ``make bootstrap`` trains (infra.cds), when there is one."""
 
 
 class Settings(BaseSettings):
