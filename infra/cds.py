@@ -112,7 +112,9 @@ def _train(partial: Path) -> None:
     from infra.spark import build_session, spark_conf
     from tidemark.settings import settings
 
+    # A local driver whatever the environment says: the archive is of the driver's classes.
     chosen = settings()
+    chosen = chosen.model_copy(update={"spark": chosen.spark.model_copy(update={"master": "local[2]"})})
     warehouse = Path(tempfile.mkdtemp(prefix="tidemark-cds-"))
     options = spark_conf(chosen)["spark.driver.extraJavaOptions"]
     options = " ".join(o for o in options.split() if not o.startswith(("-XX:SharedArchiveFile", "-Xlog:cds")))

@@ -139,11 +139,12 @@ def main() -> int:
     from infra import udfs
 
     print(f"Tidemark's Spark classes: {udfs.build(home)}")
-    from infra import cds
+    if settings().spark.class_data_sharing:
+        from infra import cds
 
-    archive = cds.build(home)
-    if archive is not None:
-        print(f"the Spark driver's class-data sharing archive: {archive}")
+        archive = cds.build(home)
+        if archive is not None:
+            print(f"the Spark driver's class-data sharing archive: {archive}")
     return 0
 
 
