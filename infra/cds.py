@@ -28,6 +28,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from infra.process import java_executable
@@ -80,6 +81,9 @@ def build(home: Path, *, timeout: float = 600.0) -> Path | None:
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    for stale in target.parent.glob(".cds-*.jsa.partial"):  # a training killed before it could tidy up
+        if time.time() - stale.stat().st_mtime > timeout:
+            stale.unlink(missing_ok=True)
     fd, partial = tempfile.mkstemp(prefix=".cds-", suffix=".jsa.partial", dir=target.parent)
     os.close(fd)
     os.unlink(partial)  # HotSpot writes it afresh
