@@ -39,11 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     import yaml
 
     from infra import cds
-    from infra.spark import driver_class_path
     from tidemark.settings import load_settings
 
-    home = load_settings().home_dir
-    archive = cds.archive_path(home, driver_class_path(home))
+    archive = cds.driver_archive(load_settings().home_dir)
     if not archive.is_file():
         print(f"no class archive at {archive}: run `make bootstrap` first", file=sys.stderr)
         return 2

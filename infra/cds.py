@@ -64,6 +64,13 @@ def archive_path(home: Path, class_path: tuple[str, ...]) -> Path:
     return home / "jars" / f"cds-{digest.hexdigest()[:12]}.jsa"
 
 
+def driver_archive(home: Path) -> Path:
+    """:func:`archive_path` for the class path a local driver of this installation has."""
+    from infra.spark import driver_class_path
+
+    return archive_path(home, driver_class_path(home))
+
+
 def driver_options(archive: Path) -> str:
     """The driver's JVM options that map ``archive``, or nothing when it was never built."""
     return f"-XX:SharedArchiveFile={archive} {_QUIET}" if archive.is_file() else ""
@@ -75,9 +82,7 @@ def build(home: Path, *, timeout: float = 600.0) -> Path | None:
     The training runs in a child process (:func:`_train`), because a JVM writes its archive
     only as it exits, and a Python process has one driver JVM for life.
     """
-    from infra.spark import driver_class_path
-
-    target = archive_path(home, driver_class_path(home))
+    target = driver_archive(home)
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -116,12 +121,13 @@ def _train(partial: Path) -> None:
     from infra.spark import build_session, spark_conf
     from tidemark.settings import settings
 
-    # A local driver whatever the environment says: the archive is of the driver's classes.
+    # A local driver whatever the environment says (the archive is of the driver's classes),
+    # and none mapped: HotSpot 17 writes a dynamic archive only on top of the JDK's own.
     chosen = settings()
-    chosen = chosen.model_copy(update={"spark": chosen.spark.model_copy(update={"master": "local[2]"})})
+    chosen = chosen.model_copy(update={"spark": chosen.spark.model_copy(
+        update={"master": "local[2]", "class_data_sharing": False})})
     warehouse = Path(tempfile.mkdtemp(prefix="tidemark-cds-"))
     options = spark_conf(chosen)["spark.driver.extraJavaOptions"]
-    options = " ".join(o for o in options.split() if not o.startswith(("-XX:SharedArchiveFile", "-Xlog:cds")))
     try:
         spark = build_session(chosen, "tidemark-cds", warehouse=warehouse, extra={
             "spark.driver.extraJavaOptions": f"{options} -XX:ArchiveClassesAtExit={partial} {_QUIET}"})

@@ -44,11 +44,9 @@ def test_the_driver_maps_sparks_classes_from_the_archive_bootstrap_trained(tmp_p
 
 
 def _trained() -> Path:
-    from infra.spark import driver_class_path
     from tidemark.settings import load_settings
 
-    home = load_settings().home_dir
-    archive = cds.archive_path(home, driver_class_path(home))
+    archive = cds.driver_archive(load_settings().home_dir)
     assert archive.is_file(), f"`make bootstrap` trained no archive at {archive}"
     return archive
 
