@@ -4,8 +4,9 @@ Every ``tidemark ingest``, audit and backfill process starts a JVM that loads, p
 verifies some 20,000 classes of Spark, Scala, Hadoop and Delta before it reads a record;
 a crash-recovering deployment and the SIGKILL tests pay that at every restart. HotSpot can
 map those classes, already parsed, from an archive written by an earlier run
-(class-data sharing, JDK 13+). Measured on 2 cores: a session and its first Delta write
-and read took 9.4-9.6 s with the archive against 12.7-13.1 s without (docs/benchmarks.md).
+(class-data sharing, JDK 13+). Measured on 2 cores: a cold ``tidemark ingest`` of 20,000
+records took 11.1 s with the archive against 14.8 s without, a session's start and stop
+4.0 s against 6.0 s (``bench/cold_start_bench.py``, docs/benchmarks.md, session 36).
 
 How it stays safe:
 

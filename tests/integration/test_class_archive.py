@@ -11,7 +11,7 @@ import pytest
 from infra import cds
 from infra.process import java_executable
 
-#: A child process: a session whose JVM logs where each class came from, then the driver's own view of the flag.
+#: A child process: a session built as Tidemark builds one, whose JVM also logs where each class came from.
 _PROBE = """
 import sys
 from infra.spark import build_session, spark_conf
@@ -35,7 +35,7 @@ def test_the_driver_maps_sparks_classes_from_the_archive_bootstrap_trained(tmp_p
         if " source: " in line:
             name, source = line.split("] ", 1)[-1].split(" source: ", 1)
             sources[name.strip()] = source
-    # From the dynamic (top) archive: Spark's, Scala's and Delta's classes, not only the JDK's own.
+    # From the dynamic (top) archive: Spark's and Scala's classes, not only the JDK's own.
     for name in ("org.apache.spark.SparkContext", "scala.collection.immutable.List",
                  "org.apache.spark.sql.catalyst.expressions.Expression"):
         assert sources.get(name) == "shared objects file (top)", f"{name}: {sources.get(name)}"
