@@ -52,8 +52,18 @@ QUARANTINE_COLUMNS = (
 #: A batch is a bulk read of known ranges, not a tail: fewer, larger fetches (the Java
 #: client's defaults are 1 MiB per partition and a 64 KiB socket buffer) keep a task
 #: parsing instead of waiting on the broker. Side by side on 1M × 1 KB records, the same
-#: pass took 10.4-10.5 s with these and 12.5 s without (docs/benchmarks.md). Memory:
-#: at most one fetch (``fetch.max.bytes``) buffered per running task.
+#: pass took 10.4-10.5 s with these and 12.5 s without (docs/benchmarks.md).
+#:
+#: Memory: Spark pools a read's consumers for the next batch (:func:`reader_group`), and a
+#: pooled consumer keeps its last fetch response and last poll's records, until 5 idle
+#: minutes evict it: up to about twice ``max.partition.fetch.bytes`` of heap per
+#: topic-partition the driver has read. At 32 MiB, a read of 4 partitions of 24 MB left
+#: 115 MiB reachable (188 MiB with 10 KB records), 8 partitions of a 1M-record batch 320
+#: MiB of a 2 GiB driver, and a benchmark session ran out of heap; a served driver reading
+#: a few dozen partitions would have too. At 4 MiB the same read left 3 MiB (14 MiB with
+#: 200 B records), and 1M records ingested as fast: medians of 6, 7.5 s against 7.7 s
+#: (docs/benchmarks.md, session 37). Spark aims to keep no more than
+#: ``spark.kafka.consumer.cache.capacity`` (64, a soft limit) consumers.
 #:
 #: ``fetch.max.wait.ms``: every range ends at or below the LSO, so the broker never needs to
 #: wait for more data. It matters because Spark keeps a reader's consumer across batches
@@ -69,8 +79,8 @@ QUARANTINE_COLUMNS = (
 #: records ingested 8 % faster with 5,000 a poll, and 20,000 was no faster than 5,000. A
 #: poll returns only records already fetched, so memory stays bounded by the fetch sizes.
 BULK_READ_OPTIONS = {
-    "kafka.max.partition.fetch.bytes": str(32 << 20),
-    "kafka.fetch.max.bytes": str(64 << 20),
+    "kafka.max.partition.fetch.bytes": str(4 << 20),
+    "kafka.fetch.max.bytes": str(16 << 20),
     "kafka.receive.buffer.bytes": str(4 << 20),
     "kafka.fetch.max.wait.ms": "10",
     "kafka.max.poll.records": "10000",

@@ -52,20 +52,23 @@ _topic_counter = itertools.count()
 
 
 @pytest.fixture(scope="session")
-def topic_factory(kafka_bootstrap: str) -> Callable[..., str]:
+def topic_factory(kafka_bootstrap: str) -> Iterator[Callable[..., str]]:
     """Create a fresh topic; returns its name."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    # Dropped at teardown, before the broker stops: a librdkafka admin client is a producer
+    # handle, and one outliving the broker printed "rdkafka#producer-N ... Connection refused".
+    clients = {"admin": AdminClient({"bootstrap.servers": kafka_bootstrap})}
     run = uuid.uuid4().hex[:6]
 
     def create(prefix: str = "t", partitions: int = 1, replication: int = 1) -> str:
         name = f"{prefix}-{run}-{next(_topic_counter)}"
-        futures = admin.create_topics([NewTopic(name, partitions, replication)], operation_timeout=30)
+        futures = clients["admin"].create_topics([NewTopic(name, partitions, replication)], operation_timeout=30)
         futures[name].result(30)
         return name
 
-    return create
+    yield create
+    clients.clear()
 
 
 @pytest.fixture(autouse=True)

@@ -181,6 +181,50 @@ def test_a_marker_only_range_costs_no_poll_timeout(spark, kafka_bootstrap: str, 
     assert report.batches[0].intent.ends() == {(topic, 0): 12}
 
 
+def test_a_bulk_read_leaves_at_most_a_small_fetch_per_partition_in_the_heap(  # type: ignore[no-untyped-def]
+        spark, kafka_bootstrap: str, topic_factory) -> None:
+    """Spark pools a batch's consumers for the next batch, and each keeps its last fetch
+    response and poll: what a read leaves in the driver's heap must stay a few MiB per
+    partition read, not the partition's data (pipelines.transform.BULK_READ_OPTIONS).
+    With 32 MiB fetches this read left 115 MiB (8 MiB: 53-69 MiB), with 4 MiB 3 MiB."""
+    from confluent_kafka import Producer
+
+    from connectors.kafka_config import spark_options
+    from offsets.ledger import Intent, Range, now_utc
+    from pipelines.transform import read_ranges
+    from tidemark.config import KafkaConnection
+
+    partitions, per_partition = 4, 24_000
+    topic = topic_factory("bulk-heap", partitions=partitions)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 20, "batch.size": 1_000_000,
+                         "queue.buffering.max.kbytes": 1_048_576})
+    value = b"x" * 1000
+    for p in range(partitions):
+        for _ in range(per_partition):
+            producer.produce(topic, value=value, partition=p)
+        producer.flush(60)
+    intent = Intent("heap", 1, "w", now_utc(), tuple(Range(topic, p, 0, per_partition) for p in range(partitions)))
+    jvm = spark.sparkContext._jvm
+    memory = jvm.java.lang.management.ManagementFactory.getMemoryMXBean()
+
+    def live_heap() -> int:
+        jvm.java.lang.System.gc()  # a full collection under G1: what is left is reachable
+        return int(memory.getHeapMemoryUsage().getUsed())
+
+    options = spark_options(KafkaConnection(bootstrap_servers=kafka_bootstrap), kafka_bootstrap)
+    # What a session's first read creates once (clients' metadata, generated code) is not what is measured.
+    warm = topic_factory("bulk-heap-warm", partitions=partitions)
+    for p in range(partitions):
+        producer.produce(warm, value=value, partition=p)
+    producer.flush(60)
+    warm_intent = Intent("heap", 1, "w", now_utc(), tuple(Range(warm, p, 0, 1) for p in range(partitions)))
+    assert read_ranges(spark, options, warm_intent).count() == partitions
+    before = live_heap()
+    assert read_ranges(spark, options, intent).count() == partitions * per_partition
+    kept = live_heap() - before
+    assert kept < partitions * (8 << 20), f"the read left {kept / 2**20:.0f} MiB reachable for {partitions} partitions"
+
+
 def test_a_second_writer_cannot_claim_a_claimed_batch(spark, kafka_bootstrap: str, topic_factory,  # type: ignore[no-untyped-def]
                                                      tmp_path: Path) -> None:
     topic = topic_factory("fence", partitions=1)
