@@ -168,8 +168,17 @@ def cold_start(data: dict[str, Any]) -> Figure:
                     {name: [m["ingest_s"], m["session_s"]] for name, m in medians.items()}, "seconds")
 
 
+def read_heap(data: dict[str, Any]) -> Figure:
+    med = data["median_kept_mib"]
+    fetches = list(med)
+    sizes = list(med[fetches[0]])
+    return _grouped(f"Heap a read of {data['partitions']} partitions × ~{data['partition_mb']} MB leaves reachable",
+                    [f"{f} MiB fetches" for f in fetches],
+                    {f"{s} B records": [med[f][s] for f in fetches] for s in sizes}, "MiB")
+
+
 CHARTS: dict[str, Callable[[dict[str, Any]], Figure]] = {
-    "cold_start_bench": cold_start,
+    "cold_start_bench": cold_start, "read_heap_bench": read_heap,
     "revisions": revisions, "jit_bench": jit, "local_fs_bench": local_fs,
     "reader_reuse_bench": reader_reuse, "ingest_bench": ingest, "serve_bench": serve, "history_properties": history_properties,
     "relay_bench": relay, "g3_bench": g3, "freshness_bench": freshness, "position_bench": position,
