@@ -6,13 +6,14 @@ for 5 minutes. So every topic-partition a driver has read holds some heap betwee
 and how much depends on ``max.partition.fetch.bytes`` (``pipelines.transform.BULK_READ_OPTIONS``).
 
 One process, one broker. For each record size a topic of ``--partitions`` partitions of
-about ``--partition-mb`` MB each is written. Then, for each fetch size, alternating over
-``--reps`` rounds: a read of one record a partition of another topic (so what a first
-read creates once is not counted), the heap after a full collection, the whole topic read
-through ``pipelines.transform.read_ranges`` and counted, and the heap after a full
-collection again. The fetch size is given as the caller's option, so each one reads with
-consumers of its own group id. Reported: MiB left reachable (medians), and the read's
-seconds on the 1 KB records.
+about ``--partition-mb`` MB each is written. The session evicts consumers idle for 5 s
+(Spark's default is 5 minutes), so every measurement starts from an empty pool: a read
+of one record a partition first (what a session's first read creates once is not
+counted), then, for each fetch size and record size, alternating over ``--reps``
+rounds: wait for the pool to empty, the heap after a full collection, the whole topic
+read through ``pipelines.transform.read_ranges`` and counted, the heap after a full
+collection again (within a second of the read, long before its consumers are evicted).
+Reported: MiB left reachable (medians), and the read's seconds on the 1 KB records.
 
     .venv/bin/python -m bench.read_heap_bench --json docs/bench/read_heap.json --png docs/bench/read_heap.png
 """
@@ -29,6 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import emit, emit_json, header, kafka_broker, loadavg, report_arguments
+
+#: Seconds after which the session's pools have evicted the last read's idle consumers (5 s idle, checked each second).
+EVICTED_AFTER_S = 7.0
 
 
 def _topic(admin: Any, partitions: int) -> str:
@@ -83,7 +87,11 @@ def main(argv: list[str] | None = None) -> int:
         for size in sizes:
             topics[size] = _topic(admin, args.partitions)
             _fill(producer, topics[size], args.partitions, args.partition_mb * 1_000_000 // size, b"x" * size)
-        spark = build_session(settings, "tidemark-read-heap-bench", warehouse=Path(tempfile.mkdtemp()) / "wh")
+        # Idle consumers and fetched data go after 5 s, so that each measurement starts from an empty pool.
+        evict = {f"spark.kafka.consumer.{pool}.{key}": value for pool in ("cache", "fetchedData.cache")
+                 for key, value in (("timeout", "5s"), ("evictorThreadRunInterval", "1s"))}
+        spark = build_session(settings, "tidemark-read-heap-bench", warehouse=Path(tempfile.mkdtemp()) / "wh",
+                              extra=evict)
         try:
             jvm: Any = spark._jvm
             memory = jvm.java.lang.management.ManagementFactory.getMemoryMXBean()
@@ -93,16 +101,17 @@ def main(argv: list[str] | None = None) -> int:
                 return int(memory.getHeapMemoryUsage().getUsed())
 
             connection = spark_options(KafkaConnection(bootstrap_servers=bootstrap), bootstrap)
+            warm = _topic(admin, args.partitions)
+            _fill(producer, warm, args.partitions, 1, b"x")
+            ranges = tuple(Range(warm, p, 0, 1) for p in range(args.partitions))
+            read_ranges(spark, connection, Intent("heap", 1, "w", now_utc(), ranges)).count()
             for rep in range(args.reps):
                 for fetch in (fetches if rep % 2 == 0 else list(reversed(fetches))):
                     options = {**connection, "kafka.max.partition.fetch.bytes": str(fetch << 20),
                                "kafka.fetch.max.bytes": str(max(fetch << 20, int(BULK_READ_OPTIONS["kafka.fetch.max.bytes"])))}
                     for size in sizes:
                         records = args.partition_mb * 1_000_000 // size
-                        warm = _topic(admin, args.partitions)
-                        _fill(producer, warm, args.partitions, 1, b"x")
-                        ranges = tuple(Range(warm, p, 0, 1) for p in range(args.partitions))
-                        read_ranges(spark, options, Intent("heap", 1, "w", now_utc(), ranges)).count()
+                        time.sleep(EVICTED_AFTER_S)
                         before = live_heap()
                         ranges = tuple(Range(topics[size], p, 0, records) for p in range(args.partitions))
                         started = time.perf_counter()
