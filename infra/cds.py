@@ -13,9 +13,12 @@ How it stays safe:
 1. ``make bootstrap`` (:func:`build`) runs a small training workload in a child process
    whose driver JVM dumps the classes it loaded at exit (``-XX:ArchiveClassesAtExit``) to
    a temporary file; only a complete archive is renamed into place.
-2. The archive's name is a hash of what it depends on (:func:`archive_path`): the JVM's
-   build and the driver's class path. A new JDK, pyspark or Tidemark class jar names a
-   different archive, so a stale one is never offered; the next bootstrap builds anew.
+2. The archive's name is a hash of everything HotSpot checks it against (:func:`archive_path`):
+   the JVM's files, and every jar of the driver's class path in the JVM's order with its
+   size and modification time. HotSpot refuses the whole archive, silently, when one jar's
+   size or time differs from training, so a reinstalled virtualenv at the same path (new
+   times, same names) must name a new archive, not find the old one and lose it; the next
+   bootstrap trains anew and deletes archives whose files are gone or changed (:func:`prune`).
 3. A session uses it only if it exists (:func:`driver_options`). HotSpot checks an archive
    against its own build and class path before mapping it and otherwise starts without
    it; its CDS log tags are silenced so that fallback prints nothing. An archive changes
@@ -38,31 +41,84 @@ from infra.process import java_executable
 _QUIET = "-Xlog:cds*=off"
 
 
-def _java_identity() -> str:
-    """The JVM a driver will run (as spark-class picks it: JAVA_HOME, else PATH), by its files."""
+#: What else Spark's launcher puts on the driver's class path: another value names another archive.
+_CLASS_PATH_ENVIRONMENT = ("SPARK_CONF_DIR", "HADOOP_CONF_DIR", "YARN_CONF_DIR", "SPARK_DIST_CLASSPATH",
+                           "SPARK_PREPEND_CLASSES")
+
+
+def _java_files() -> list[Path]:
+    """The JVM a driver will run (as spark-class picks it: JAVA_HOME, else PATH): the files of its build."""
     try:
         java = Path(java_executable()).resolve()
     except Exception:  # noqa: BLE001 - no java: no archive; Spark will say what is missing
-        return ""
+        return []
     home = java.parent.parent
-    parts = [str(java)]
-    for name in ("release", "lib/server/libjvm.so", "lib/server/classes.jsa"):
-        path = home / name
-        if path.exists():
-            stat = path.stat()
-            parts.append(f"{name}:{stat.st_size}:{stat.st_mtime_ns}")
-    return "\n".join(parts)
+    return [java, *(home / name for name in ("release", "lib/server/libjvm.so", "lib/server/classes.jsa")
+                    if (home / name).exists())]
+
+
+def _checked_files(class_path: tuple[str, ...]) -> list[Path]:
+    """Every file HotSpot checks an archive against, in its order: the JVM's, ``class_path``, then
+    pyspark's jars as the launcher's ``jars/*`` expands them (directory order, not sorted)."""
+    import pyspark
+
+    shipped = Path(pyspark.__file__).parent / "jars"
+    listed = [Path(entry.path) for entry in os.scandir(shipped) if entry.name.lower().endswith(".jar")] \
+        if shipped.is_dir() else []
+    return [*_java_files(), *(Path(p) for p in class_path), *listed]
+
+
+def _stamp(path: Path) -> str:
+    """A file as HotSpot recognises it (size and modification time), one line of an archive's key."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return f"{path}\t-\t-"
+    return f"{path}\t{stat.st_size}\t{stat.st_mtime_ns}"
+
+
+def _key(class_path: tuple[str, ...]) -> list[str]:
+    import pyspark
+
+    settings = [f"{name}={os.environ.get(name, '')}" for name in _CLASS_PATH_ENVIRONMENT]
+    return [f"pyspark {pyspark.__version__}", *settings, *(_stamp(f) for f in _checked_files(class_path))]
 
 
 def archive_path(home: Path, class_path: tuple[str, ...]) -> Path:
-    """Where the archive for this JVM and this driver class path lives (absent until built)."""
-    import pyspark
+    """Where the archive for this JVM and this driver class path, as its files are now, lives (absent until built)."""
+    return _named(home, _key(class_path))
 
-    digest = hashlib.sha256()
-    for part in (_java_identity(), pyspark.__version__, str(Path(pyspark.__file__).parent), *class_path):
-        digest.update(part.encode())
-        digest.update(b"\0")
-    return home / "jars" / f"cds-{digest.hexdigest()[:12]}.jsa"
+
+def _named(home: Path, key: list[str]) -> Path:
+    return home / "jars" / f"cds-{hashlib.sha256(chr(0).join(key).encode()).hexdigest()[:12]}.jsa"
+
+
+def _key_file(archive: Path) -> Path:
+    """Beside each archive: the files it was trained on, one :func:`_stamp` line each (for :func:`prune`)."""
+    return archive.with_suffix(".key")
+
+
+def prune(directory: Path, keep: Path) -> list[Path]:
+    """Delete the archives no JVM can map again: one of their files is gone or changed, or unrecorded.
+
+    Another installation's archive (another virtualenv sharing this home) stays while its
+    files do. A driver that has mapped a deleted archive keeps its mapping.
+    """
+    removed = []
+    for archive in directory.glob("cds-*.jsa"):
+        if archive == keep:
+            continue
+        recorded = _key_file(archive)
+        try:
+            stamps = [line for line in recorded.read_text().splitlines() if "\t" in line]
+        except OSError:
+            stamps = []
+        if stamps and all(_stamp(Path(line.split("\t", 1)[0])) == line for line in stamps):
+            continue
+        archive.unlink(missing_ok=True)
+        recorded.unlink(missing_ok=True)
+        removed.append(archive)
+    return removed
 
 
 def driver_archive(home: Path) -> Path:
@@ -83,8 +139,12 @@ def build(home: Path, *, timeout: float = 600.0) -> Path | None:
     The training runs in a child process (:func:`_train`), because a JVM writes its archive
     only as it exits, and a Python process has one driver JVM for life.
     """
-    target = driver_archive(home)
+    from infra.spark import driver_class_path
+
+    key = _key(driver_class_path(home))  # as the files are before training, which must not change them
+    target = _named(home, key)
     if target.is_file():
+        prune(target.parent, target)
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     for stale in target.parent.glob(".cds-*.jsa.partial"):  # a training killed before it could tidy up
@@ -107,7 +167,10 @@ def build(home: Path, *, timeout: float = 600.0) -> Path | None:
             print(f"note: no class-data sharing archive for the Spark driver (a JVM start stays a few "
                   f"seconds slower): {failed}", file=sys.stderr)
             return None
+        _key_file(target).write_text("\n".join(key) + "\n")
         os.replace(partial, target)
+        for stale in prune(target.parent, target):
+            print(f"deleted a class-data sharing archive no JVM can map any more: {stale.name}", file=sys.stderr)
         return target
     finally:
         Path(partial).unlink(missing_ok=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,8 @@ import sys
 from infra.spark import build_session, spark_conf
 from tidemark.settings import load_settings
 settings = load_settings()
-options = spark_conf(settings)["spark.driver.extraJavaOptions"] + " -Xlog:class+load=info:file=" + sys.argv[1]
+options = (spark_conf(settings)["spark.driver.extraJavaOptions"] + " -Xlog:class+load=info:file=" + sys.argv[1]
+           + " -Xlog:cds=info:file=" + sys.argv[1] + ".cds")
 spark = build_session(settings, "cds-probe", extra={"spark.driver.extraJavaOptions": options})
 spark.range(3).selectExpr("sum(id)").collect()
 spark.stop()
@@ -35,10 +37,12 @@ def test_the_driver_maps_sparks_classes_from_the_archive_bootstrap_trained(tmp_p
         if " source: " in line:
             name, source = line.split("] ", 1)[-1].split(" source: ", 1)
             sources[name.strip()] = source
+    # HotSpot's reason when it refused the archive (its CDS log, silenced in production).
+    refusal = [line for line in Path(f"{log}.cds").read_text().splitlines() if "UseSharedSpaces" in line]
     # From the dynamic (top) archive: Spark's and Scala's classes, not only the JDK's own.
     for name in ("org.apache.spark.SparkContext", "scala.collection.immutable.List",
                  "org.apache.spark.sql.catalyst.expressions.Expression"):
-        assert sources.get(name) == "shared objects file (top)", f"{name}: {sources.get(name)}"
+        assert sources.get(name) == "shared objects file (top)", f"{name}: {sources.get(name)}; {refusal}"
     shared = sum(1 for s in sources.values() if s.startswith("shared objects file"))
     assert shared > len(sources) // 2, f"only {shared} of {len(sources)} classes from archives"
 
@@ -76,9 +80,44 @@ def test_no_archive_no_option(tmp_path: Path) -> None:
     assert cds.driver_options(tmp_path / "missing.jsa") == ""
 
 
-def test_the_archive_is_named_by_the_class_path_it_was_trained_on(tmp_path: Path) -> None:
-    one = cds.archive_path(tmp_path, ("a.jar", "b.jar"))
-    assert one == cds.archive_path(tmp_path, ("a.jar", "b.jar"))
-    assert one != cds.archive_path(tmp_path, ("b.jar", "a.jar"))
-    assert one != cds.archive_path(tmp_path, ("a.jar",))
+def test_the_archive_is_named_by_the_files_hotspot_checks_it_against(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.jar", tmp_path / "b.jar"
+    a.write_bytes(b"a")
+    b.write_bytes(b"b")
+    one = cds.archive_path(tmp_path, (str(a), str(b)))
+    assert one == cds.archive_path(tmp_path, (str(a), str(b)))
+    assert one != cds.archive_path(tmp_path, (str(b), str(a)))
+    assert one != cds.archive_path(tmp_path, (str(a),))
     assert one.parent == tmp_path / "jars"
+    # HotSpot refuses an archive when a jar's time or size differs from training: a reinstalled
+    # virtualenv (same paths, new times) must name another archive, not find the old one.
+    trained_at = a.stat().st_mtime_ns
+    os.utime(a, ns=(trained_at + 10**9, trained_at + 10**9))
+    assert cds.archive_path(tmp_path, (str(a), str(b))) != one
+    os.utime(a, ns=(trained_at, trained_at))
+    assert cds.archive_path(tmp_path, (str(a), str(b))) == one
+    a.write_bytes(b"aa")
+    os.utime(a, ns=(trained_at, trained_at))
+    assert cds.archive_path(tmp_path, (str(a), str(b))) != one
+
+
+def test_prune_deletes_only_archives_no_jvm_can_map_again(tmp_path: Path) -> None:
+    jars = tmp_path / "jars"
+    jars.mkdir()
+    files = {name: tmp_path / f"{name}.jar" for name in ("changed", "kept", "new")}
+    archives = {}
+    for name, jar in files.items():
+        jar.write_bytes(name.encode())
+        key = cds._key((str(jar),))
+        archives[name] = cds._named(tmp_path, key)
+        archives[name].write_bytes(b"archive")
+        cds._key_file(archives[name]).write_text("\n".join(key) + "\n")
+    unrecorded = jars / "cds-000000000000.jsa"  # named as before archives recorded their files
+    unrecorded.write_bytes(b"archive")
+    os.utime(files["changed"], ns=(1, 1))
+
+    removed = cds.prune(jars, archives["new"])
+
+    assert sorted(removed) == sorted([archives["changed"], unrecorded])
+    assert sorted(jars.iterdir()) == sorted([archives["kept"], cds._key_file(archives["kept"]),
+                                             archives["new"], cds._key_file(archives["new"])])
