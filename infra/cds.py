@@ -144,7 +144,7 @@ def build(home: Path, *, timeout: float = 600.0) -> Path | None:
     key = _key(driver_class_path(home))  # as the files are before training, which must not change them
     target = _named(home, key)
     if target.is_file():
-        prune(target.parent, target)
+        _prune_beside(target)
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     for stale in target.parent.glob(".cds-*.jsa.partial"):  # a training killed before it could tidy up
@@ -169,11 +169,15 @@ def build(home: Path, *, timeout: float = 600.0) -> Path | None:
             return None
         _key_file(target).write_text("\n".join(key) + "\n")
         os.replace(partial, target)
-        for stale in prune(target.parent, target):
-            print(f"deleted a class-data sharing archive no JVM can map any more: {stale.name}", file=sys.stderr)
+        _prune_beside(target)
         return target
     finally:
         Path(partial).unlink(missing_ok=True)
+
+
+def _prune_beside(target: Path) -> None:
+    for stale in prune(target.parent, target):
+        print(f"deleted a class-data sharing archive no JVM can map any more: {stale.name}", file=sys.stderr)
 
 
 def _train(partial: Path) -> None:
