@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     report_arguments(parser)
     args = parser.parse_args(argv)
     sizes = [int(v) for v in args.value_bytes.split(",")]
+    records = {size: args.partition_mb * 1_000_000 // size for size in sizes}  # per partition
     fetches = [int(v) for v in args.fetch_mib.split(",")]
 
     from confluent_kafka import Producer
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         topics = {}
         for size in sizes:
             topics[size] = _topic(admin, args.partitions)
-            _fill(producer, topics[size], args.partitions, args.partition_mb * 1_000_000 // size, b"x" * size)
+            _fill(producer, topics[size], args.partitions, records[size], b"x" * size)
         # Idle consumers and fetched data go after 5 s, so that each measurement starts from an empty pool.
         evict = {f"spark.kafka.consumer.{pool}.{key}": value for pool in ("cache", "fetchedData.cache")
                  for key, value in (("timeout", "5s"), ("evictorThreadRunInterval", "1s"))}
@@ -110,15 +111,14 @@ def main(argv: list[str] | None = None) -> int:
                     options = {**connection, "kafka.max.partition.fetch.bytes": str(fetch << 20),
                                "kafka.fetch.max.bytes": str(max(fetch << 20, int(BULK_READ_OPTIONS["kafka.fetch.max.bytes"])))}
                     for size in sizes:
-                        records = args.partition_mb * 1_000_000 // size
                         time.sleep(EVICTED_AFTER_S)
                         before = live_heap()
-                        ranges = tuple(Range(topics[size], p, 0, records) for p in range(args.partitions))
+                        ranges = tuple(Range(topics[size], p, 0, records[size]) for p in range(args.partitions))
                         started = time.perf_counter()
                         count = read_ranges(spark, options, Intent("heap", 1, "w", now_utc(), ranges)).count()
                         elapsed = time.perf_counter() - started
-                        if count != records * args.partitions:
-                            raise AssertionError(f"read {count} records, expected {records * args.partitions}")
+                        if count != records[size] * args.partitions:
+                            raise AssertionError(f"read {count} records, expected {records[size] * args.partitions}")
                         left = (live_heap() - before) / 2**20
                         kept[str(fetch)][str(size)].append(left)
                         if size == 1000:
