@@ -98,13 +98,27 @@ def _key_file(archive: Path) -> Path:
     return archive.with_suffix(".key")
 
 
+#: A key file without its archive, older than this, is a training's that was killed between
+#: writing the key and renaming the archive into place (:func:`build`); younger, one in progress.
+ORPHAN_KEY_SECONDS = 600.0
+
+
 def prune(directory: Path, keep: Path) -> list[Path]:
     """Delete the archives no JVM can map again: one of their files is gone or changed, or unrecorded.
 
     Another installation's archive (another virtualenv sharing this home) stays while its
-    files do. A driver that has mapped a deleted archive keeps its mapping.
+    files do. A driver that has mapped a deleted archive keeps its mapping. Key files left
+    without an archive by a killed training go too, once older than :data:`ORPHAN_KEY_SECONDS`.
     """
     removed = []
+    for recorded in directory.glob("cds-*.key"):
+        try:
+            orphaned = (not recorded.with_suffix(".jsa").exists()
+                        and time.time() - recorded.stat().st_mtime > ORPHAN_KEY_SECONDS)
+        except OSError:
+            continue  # deleted meanwhile by another pruning process
+        if orphaned:
+            recorded.unlink(missing_ok=True)
     for archive in directory.glob("cds-*.jsa"):
         if archive == keep:
             continue

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -115,9 +116,15 @@ def test_prune_deletes_only_archives_no_jvm_can_map_again(tmp_path: Path) -> Non
     unrecorded = jars / "cds-000000000000.jsa"  # named as before archives recorded their files
     unrecorded.write_bytes(b"archive")
     os.utime(files["changed"], ns=(1, 1))
+    # Key files without an archive: a training killed before its rename, and one still training.
+    killed, training = jars / "cds-111111111111.key", jars / "cds-222222222222.key"
+    for orphan in (killed, training):
+        orphan.write_text(f"{files['kept']}\tstamp\n")
+    long_ago = time.time() - cds.ORPHAN_KEY_SECONDS - 60
+    os.utime(killed, (long_ago, long_ago))
 
     removed = cds.prune(jars, archives["new"])
 
     assert sorted(removed) == sorted([archives["changed"], unrecorded])
     assert sorted(jars.iterdir()) == sorted([archives["kept"], cds._key_file(archives["kept"]),
-                                             archives["new"], cds._key_file(archives["new"])])
+                                             archives["new"], cds._key_file(archives["new"]), training])
