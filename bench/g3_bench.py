@@ -200,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
                                                    seed=7)
             print(f"relayed {args.records:,} events in {txns:,} source transactions "
                   f"({time.perf_counter() - t0:.0f}s)", flush=True)
-            available = {**settings_for(manifest), **{name: settings_for(manifest)["g3"] for name in PARTS_LEFT_OUT}}
+            pipelines = settings_for(manifest)
+            available = {**pipelines, **{name: pipelines["g3"] for name in PARTS_LEFT_OUT}}
             settings = {name: s for name, s in available.items()
                         if (name in args.only if args.only is not None else name not in PARTS_LEFT_OUT)}
             if args.batch_records:
