@@ -98,9 +98,9 @@ def _key_file(archive: Path) -> Path:
     return archive.with_suffix(".key")
 
 
-#: A key file without its archive, older than this, is a training's that was killed between
-#: writing the key and renaming the archive into place (:func:`build`); younger, one in progress.
-ORPHAN_KEY_SECONDS = 600.0
+#: How long :func:`build` lets a training run. A training's leftover older than this (its
+#: partial archive, or its key file without the archive) is a killed one's, never one in progress.
+TRAINING_SECONDS = 600.0
 
 
 def prune(directory: Path, keep: Path) -> list[Path]:
@@ -108,13 +108,13 @@ def prune(directory: Path, keep: Path) -> list[Path]:
 
     Another installation's archive (another virtualenv sharing this home) stays while its
     files do. A driver that has mapped a deleted archive keeps its mapping. Key files left
-    without an archive by a killed training go too, once older than :data:`ORPHAN_KEY_SECONDS`.
+    without an archive by a killed training go too, once older than :data:`TRAINING_SECONDS`.
     """
     removed = []
     for recorded in directory.glob("cds-*.key"):
         try:
             orphaned = (not recorded.with_suffix(".jsa").exists()
-                        and time.time() - recorded.stat().st_mtime > ORPHAN_KEY_SECONDS)
+                        and time.time() - recorded.stat().st_mtime > TRAINING_SECONDS)
         except OSError:
             continue  # deleted meanwhile by another pruning process
         if orphaned:
@@ -147,7 +147,7 @@ def driver_options(archive: Path) -> str:
     return f"-XX:SharedArchiveFile={archive} {_QUIET}" if archive.is_file() else ""
 
 
-def build(home: Path, *, timeout: float = 600.0) -> Path | None:
+def build(home: Path, *, timeout: float = TRAINING_SECONDS) -> Path | None:
     """The archive of the Spark driver's classes, training it first if missing; None if HotSpot cannot.
 
     The training runs in a child process (:func:`_train`), because a JVM writes its archive

@@ -120,7 +120,7 @@ def test_prune_deletes_only_archives_no_jvm_can_map_again(tmp_path: Path) -> Non
     killed, training = jars / "cds-111111111111.key", jars / "cds-222222222222.key"
     for orphan in (killed, training):
         orphan.write_text(f"{files['kept']}\tstamp\n")
-    long_ago = time.time() - cds.ORPHAN_KEY_SECONDS - 60
+    long_ago = time.time() - cds.TRAINING_SECONDS - 60
     os.utime(killed, (long_ago, long_ago))
 
     removed = cds.prune(jars, archives["new"])
