@@ -47,6 +47,20 @@ def loadavg() -> str:
         return "?"
 
 
+def busy_cpu_seconds() -> float | None:
+    """CPU seconds every core of this machine has spent not idle since boot (``/proc/stat``), or None.
+
+    Over a run, the difference divided by its wall time is how many cores were busy: whether
+    a contender (with the broker serving it) had the machine to itself or left cores free.
+    """
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq = fields[:7]  # then steal: another guest's time
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
 def header(title: str, load_before: str) -> list[str]:
     """The lines every report starts with: what, when, how to re-run, on what."""
     m = machine()

@@ -15,13 +15,16 @@ round's times reported as ``first_run_s``), then timed in an order alternating o
   batch's headers (what G3 cost before the manifest);
 * ``g3+dedup``: the default and ``dedup: {}`` (window lookup in the table, copies within the batch).
 
-Two more, only when named in ``--only``, are not settings a pipeline can have: they take
+Three more, only when named in ``--only``, are not settings a pipeline can have: they take
 parts of G3's write away to measure what each costs (``g3`` minus them):
 
 * ``g3-unrecorded``: ``g3`` whose write leaves out the ``_tidemark_txn`` column (the
   guard still checks every record);
 * ``g3-cut-only``: ``g3`` whose write leaves out the column and the guard: the manifest's
-  cut alone.
+  cut alone;
+* ``g3-narrow``: ``g3`` whose column keeps only ``id`` and ``position``: what a row would
+  carry if the fields every event of a transaction shares (``size``, ``expected``,
+  ``released``) were recorded once per transaction instead.
 
 Each run is checked: every event once, every transaction whole. Reported: medians, the
 time ratios to ``plain`` and G3's throughput as a fraction of plain's; ``--json FILE``
@@ -70,12 +73,14 @@ def settings_for(manifest: str) -> dict[str, dict[str, Any]]:
 
 
 #: Diagnostic settings (``--only``): ``g3``'s pipeline, its write without these parts.
-PARTS_LEFT_OUT = {"g3-unrecorded": ("column",), "g3-cut-only": ("column", "guard")}
+PARTS_LEFT_OUT = {"g3-unrecorded": ("column",), "g3-cut-only": ("column", "guard"), "g3-narrow": ("shared",)}
 
 
 @contextmanager
 def leaving_out(parts: tuple[str, ...]) -> Iterator[None]:
-    """The ingest's batches built without ``parts`` of G3's write (``column``, ``guard``)."""
+    """The ingest's batches built without ``parts`` of G3's write (``column``, ``guard``, ``shared``)."""
+    from pyspark.sql import functions as F
+
     from pipelines import ingest
     from pipelines.transactions import TXN_COLUMN
 
@@ -91,6 +96,10 @@ def leaving_out(parts: tuple[str, ...]) -> Iterator[None]:
         if "column" in parts:
             good = f.good
             f = replace(f, good=lambda df: good(df).drop(TXN_COLUMN))
+        elif "shared" in parts:
+            good = f.good
+            f = replace(f, good=lambda df: good(df).withColumn(
+                TXN_COLUMN, F.col(TXN_COLUMN).dropFields("size", "expected", "released")))
         return f
 
     ingest.frames = frames

@@ -62,7 +62,7 @@ def relay(data: dict[str, Any]) -> Figure:
 
 def g3(data: dict[str, Any]) -> Figure:
     seconds = data["seconds"]
-    order = ("plain", "g3", "g3-scan", "g3+dedup", "g3-unrecorded", "g3-cut-only")
+    order = ("plain", "g3", "g3-scan", "g3+dedup", "g3-narrow", "g3-unrecorded", "g3-cut-only")
     names = [n for n in order if n in seconds] + sorted(set(seconds) - set(order))
     rates = [data["records"] / seconds[n] for n in names]
     fig = _grouped(f"G3 cost, {data['records']:,} relay-written events (median of {data['reps']})",

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     from confluent_kafka.admin import AdminClient
 
     from connectors.kafka_config import spark_options
-    from infra.spark import build_session
+    from infra.spark import build_session, reachable_heap
     from offsets.ledger import Intent, Range, now_utc
     from pipelines.transform import BULK_READ_OPTIONS, read_ranges
     from tidemark.config import KafkaConnection
@@ -94,13 +94,6 @@ def main(argv: list[str] | None = None) -> int:
         spark = build_session(settings, "tidemark-read-heap-bench", warehouse=Path(tempfile.mkdtemp()) / "wh",
                               extra=evict)
         try:
-            jvm: Any = spark._jvm
-            memory = jvm.java.lang.management.ManagementFactory.getMemoryMXBean()
-
-            def live_heap() -> int:
-                jvm.java.lang.System.gc()  # a full collection under G1: what is left is reachable
-                return int(memory.getHeapMemoryUsage().getUsed())
-
             connection = spark_options(KafkaConnection(bootstrap_servers=bootstrap), bootstrap)
             warm = _topic(admin, args.partitions)
             _fill(producer, warm, args.partitions, 1, b"x")
@@ -112,14 +105,14 @@ def main(argv: list[str] | None = None) -> int:
                                "kafka.fetch.max.bytes": str(max(fetch << 20, int(BULK_READ_OPTIONS["kafka.fetch.max.bytes"])))}
                     for size in sizes:
                         time.sleep(EVICTED_AFTER_S)
-                        before = live_heap()
+                        before = reachable_heap(spark)
                         ranges = tuple(Range(topics[size], p, 0, records[size]) for p in range(args.partitions))
                         started = time.perf_counter()
                         count = read_ranges(spark, options, Intent("heap", 1, "w", now_utc(), ranges)).count()
                         elapsed = time.perf_counter() - started
                         if count != records[size] * args.partitions:
                             raise AssertionError(f"read {count} records, expected {records[size] * args.partitions}")
-                        left = (live_heap() - before) / 2**20
+                        left = (reachable_heap(spark) - before) / 2**20
                         kept[str(fetch)][str(size)].append(left)
                         if size == 1000:
                             seconds[str(fetch)].append(elapsed)

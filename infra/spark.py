@@ -130,6 +130,18 @@ def build_session(settings: Settings, app_name: str = "tidemark", *, warehouse: 
     return session
 
 
+def reachable_heap(spark: SparkSession) -> int:
+    """Bytes of the driver's heap still in use after a full collection (G1's ``System.gc``).
+
+    What a read leaves for later (a pooled Kafka consumer's last fetch) is what survives a
+    collection; the heap's plain figure also counts garbage that is only waiting for one.
+    """
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None, "a classic (py4j) session"
+    jvm.java.lang.System.gc()
+    return int(jvm.java.lang.management.ManagementFactory.getMemoryMXBean().getHeapMemoryUsage().getUsed())
+
+
 def versions(settings: Settings) -> dict[str, str]:
     """Spark and Delta versions this installation runs, without starting a JVM."""
     from importlib.metadata import version

@@ -190,6 +190,7 @@ def test_a_bulk_read_leaves_at_most_a_small_fetch_per_partition_in_the_heap(  # 
     from confluent_kafka import Producer
 
     from connectors.kafka_config import spark_options
+    from infra.spark import reachable_heap
     from offsets.ledger import Intent, Range, now_utc
     from pipelines.transform import read_ranges
     from tidemark.config import KafkaConnection
@@ -204,13 +205,6 @@ def test_a_bulk_read_leaves_at_most_a_small_fetch_per_partition_in_the_heap(  # 
             producer.produce(topic, value=value, partition=p)
         producer.flush(60)
     intent = Intent("heap", 1, "w", now_utc(), tuple(Range(topic, p, 0, per_partition) for p in range(partitions)))
-    jvm = spark.sparkContext._jvm
-    memory = jvm.java.lang.management.ManagementFactory.getMemoryMXBean()
-
-    def live_heap() -> int:
-        jvm.java.lang.System.gc()  # a full collection under G1: what is left is reachable
-        return int(memory.getHeapMemoryUsage().getUsed())
-
     options = spark_options(KafkaConnection(bootstrap_servers=kafka_bootstrap), kafka_bootstrap)
     # What a session's first read creates once (clients' metadata, generated code) is not what is measured.
     warm = topic_factory("bulk-heap-warm", partitions=partitions)
@@ -219,9 +213,9 @@ def test_a_bulk_read_leaves_at_most_a_small_fetch_per_partition_in_the_heap(  # 
     producer.flush(60)
     warm_intent = Intent("heap", 1, "w", now_utc(), tuple(Range(warm, p, 0, 1) for p in range(partitions)))
     assert read_ranges(spark, options, warm_intent).count() == partitions
-    before = live_heap()
+    before = reachable_heap(spark)
     assert read_ranges(spark, options, intent).count() == partitions * per_partition
-    kept = live_heap() - before
+    kept = reachable_heap(spark) - before
     assert kept < partitions * (8 << 20), f"the read left {kept / 2**20:.0f} MiB reachable for {partitions} partitions"
 
 
