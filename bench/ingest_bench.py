@@ -31,6 +31,7 @@ into session start-up and the rest; with each process tree's peak resident memor
 
     .venv/bin/python -m bench.ingest_bench --reps 3 --json docs/bench/ingest.json   # 1,000,000 records
     .venv/bin/python -m bench.ingest_bench --records 50000 --reps 1
+    .venv/bin/python -m bench.ingest_bench --reps 5 --warmup-rounds 2 --process-runs 0 --peer-read-tuning  # settled JIT
 """
 
 from __future__ import annotations
@@ -263,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer-read-tuning", action="store_true",
                         help="give Structured Streaming Tidemark's Kafka fetch settings "
                              "(pipelines.transform.BULK_READ_OPTIONS) as well")
+    parser.add_argument("--warmup-rounds", type=int, default=0,
+                        help="untimed runs of every contender before the timed reps (Tidemark also has its "
+                             "own first warm-up): each contender's code compiled and warmed, not only Tidemark's")
     parser.add_argument("--process-runs", type=int, default=2,
                         help="cold `tidemark ingest` processes (and session-only processes) timed after the reps")
     report_arguments(parser)
@@ -300,6 +304,14 @@ def main(argv: list[str] | None = None) -> int:
                 # Warm-up, untimed: JVM, Kafka client classes and the broker's page cache.
                 run_tidemark(spark, bootstrap, topic, work / "warmup")
                 WRITE_SOURCE.append(work / "warmup")
+                for warm_round in range(args.warmup_rounds):
+                    for name, contender in contenders.items():
+                        target = work / f"warm-{name}-{warm_round}"
+                        rows, _ = contender(spark, bootstrap, topic, target)
+                        if rows != args.records:
+                            raise AssertionError(f"{name} (warm-up): {rows} rows, expected {args.records}")
+                        shutil.rmtree(target, ignore_errors=True)
+                        shutil.rmtree(str(target) + "_checkpoint", ignore_errors=True)
                 names = list(contenders)
                 for rep in range(args.reps):
                     order = names[rep % len(names):] + names[:rep % len(names)]
@@ -341,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{PARTITIONS} partitions, transactions of {args.txn_size}; both parse with `from_json` into "
         f"`{SCHEMA}` plus lineage columns; each run into a fresh table, verified exactly-once. "
         f"Tidemark pipeline options: {TIDEMARK_OPTIONS or 'defaults'}; peer's extra Kafka options: "
-        f"{PEER_KAFKA_OPTIONS or 'none'}."),
+        f"{PEER_KAFKA_OPTIONS or 'none'}. Untimed runs before the reps: Tidemark 1, then every contender "
+        f"{args.warmup_rounds}."),
         "",
         "| contender | median s | records/s | batches | cores busy (median) | all runs (s) |",
         "|---|---:|---:|---:|---:|---|",
@@ -372,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         lines += process_lines(process, pmed, med["tidemark"], args.process_runs)
     emit(lines, args.output)
     emit_json({"benchmark": "ingest_bench", "records": args.records, "value_bytes": args.value_bytes,
-               "txn_size": args.txn_size, "reps": args.reps, "g3": args.g3,
+               "txn_size": args.txn_size, "reps": args.reps, "warmup_rounds": args.warmup_rounds, "g3": args.g3,
                "peer_read_tuning": args.peer_read_tuning, "seconds": times, "median_seconds": med,
                "ratio_vs_structured_streaming": ratio, "ratio_vs_limit": ratio_limit,
                "ratio_vs_read_only": med["read-only"] / med["tidemark"],
