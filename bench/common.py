@@ -48,16 +48,18 @@ def loadavg() -> str:
 
 
 def busy_cpu_seconds() -> float | None:
-    """CPU seconds every core of this machine has spent not idle since boot (``/proc/stat``), or None.
+    """CPU seconds this machine's cores have spent busy since boot, summed over all cores (``/proc/stat``), or None.
 
     Over a run, the difference divided by its wall time is how many cores were busy: whether
     a contender (with the broker serving it) had the machine to itself or left cores free.
+    Steal (time the hypervisor gave another guest) is not counted: on a shared VM a run that
+    wants every core can show a little less than all of them.
     """
     try:
         fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        user, nice, system, _idle, _iowait, irq, softirq = fields[:7]
     except (OSError, ValueError):
         return None
-    user, nice, system, _idle, _iowait, irq, softirq = fields[:7]  # then steal: another guest's time
     return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 

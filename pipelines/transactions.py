@@ -78,12 +78,19 @@ _TXN_HEADERS = (H.TXID, H.LSN, H.POSITION, H.SIZE, H.SOURCE)
 RelayRanges = tuple[tuple[str, int, int], ...]
 
 
+def event_header(pipeline: PipelineConfig) -> str | None:
+    """The header a pipeline's event id comes from (``event_id: header:<name>``), or None."""
+    return pipeline.event_id.removeprefix("header:") if pipeline.event_id.startswith("header:") else None
+
+
 def txn_headers(pipeline: PipelineConfig, fast: bool = False) -> Column:
     """``_tidemark_headers``: the record's source transaction as the relay's headers give it.
 
     A struct of ``id`` (``<lsn>/<txid>``), ``position`` and ``size`` (``try_cast`` to INT),
-    ``source`` (text) and ``counted``: the sum of ``topic_counts`` over this pipeline's
-    topics (null when the header is missing or unreadable). Read with ``from_json`` and
+    ``source`` (text), ``counted``: the sum of ``topic_counts`` over this pipeline's
+    topics (null when the header is missing or unreadable), and ``event``: the pipeline's
+    event id header as :func:`header` reads it (null if its event id is not a header), so
+    that a G3 pipeline reads each record's headers once, not once more for the event id. Read with ``from_json`` and
     higher-order functions, which Spark evaluates interpreted, it was G3's largest
     per-record cost; so with ``fast`` (the session has Tidemark's functions,
     ``infra.udfs``) one pass over the headers, ``tidemark_txn_headers``, reads them all and
@@ -106,14 +113,16 @@ def txn_headers(pipeline: PipelineConfig, fast: bool = False) -> Column:
         mine = F.map_filter(counts, lambda k, v: k.isin(*pipeline.topics))
         spec = "L" + "\x01".join(pipeline.topics)
     counted = F.aggregate(F.map_values(mine), F.lit(0), lambda acc, x: acc + x)
+    event = event_header(pipeline)
     if fast:
         # One pass over the headers; `counted` (from_json) only for counts not in the relay's form.
         return F.call_function("tidemark_txn_headers", F.col("headers"), F.lit(spec), F.lit(H.TOPIC_COUNTS),
-                               counted, *[F.lit(h) for h in _TXN_HEADERS])
+                               counted, *[F.lit(h) for h in (*_TXN_HEADERS, *([event] if event is not None else []))])
     return F.when(F.size("headers") > 0, F.struct(
         F.concat(header(H.LSN), F.lit("/"), header(H.TXID)).alias("id"),
         header(H.POSITION).try_cast("int").alias("position"), header(H.SIZE).try_cast("int").alias("size"),
-        header(H.SOURCE).alias("source"), counted.alias("counted")))
+        header(H.SOURCE).alias("source"), counted.alias("counted"),
+        (header(event) if event is not None else F.lit(None).cast("string")).alias("event")))
 
 
 def txn_struct() -> Column:

@@ -228,6 +228,8 @@ def _frame_columns(spark: SparkSession, pipeline: PipelineConfig) -> FrameColumn
     source = pipeline.event_id
     if source == "key":
         event_id = F.col("key").cast("string")
+    elif source.startswith("header:") and pipeline.transactions.atomic:
+        event_id = F.col(HEADERS_COLUMN)["event"]  # read in the same pass as the transaction's headers
     elif source.startswith("header:"):
         event_id = header(source.removeprefix("header:"))
     else:

@@ -274,12 +274,16 @@ def test_txn_headers_refuses_what_it_cannot_read(spark) -> None:  # type: ignore
 
     headers = F.array(pair("txid", "7"), pair("lsn", "0/A"), pair("position", " 1 "), pair("size", "x"))
     assert call(headers, F.lit("Lt"), *names)[0][0].asDict() == {
-        "id": "0/A/7", "position": 1, "size": None, "source": None, "counted": None}
+        "id": "0/A/7", "position": 1, "size": None, "source": None, "counted": None, "event": None}
+    # The event id's header, when named, in the same pass: the first value, as text.
+    assert call(F.array(pair("id", "e-1"), pair("txid", "7"), pair("id", "e-2")), F.lit("Lt"), *names,
+                F.lit("id"))[0][0].asDict() == {
+        "id": None, "position": None, "size": None, "source": None, "counted": None, "event": "e-1"}
     with pytest.raises(AnalysisException, match="the headers must be Kafka's"):
         call(F.array(F.lit("txid")), F.lit("Lt"), *names)
     with pytest.raises(IllegalArgumentException, match="must be a constant string"):
         call(headers, F.col("id").cast("string"), *names)
-    with pytest.raises(IllegalArgumentException, match="9 arguments"):
+    with pytest.raises(IllegalArgumentException, match="9 or 10 arguments"):
         call(headers, F.lit("Lt"), F.lit("txid"))
 
 

@@ -276,6 +276,7 @@ def test_the_planning_scan_reads_headers_as_the_table_column_does(spark, kafka_b
     from pipelines.transactions import (
         HEADERS_COLUMN,
         guard,
+        header,
         topic_filter,
         txn_headers,
         txn_of,
@@ -313,6 +314,8 @@ def test_the_planning_scan_reads_headers_as_the_table_column_does(spark, kafka_b
         [(H.TXID, None), (H.LSN, b"0/A"), (H.POSITION, b"0"), (H.SIZE, b"2")],      # null txid
         [(H.LSN, b"0/A"), (H.POSITION, b"0"), (H.SIZE, b"2")],                      # no txid
         [(H.EVENT_ID, b"only an id")],
+        [(H.EVENT_ID, b"first id"), *good, (H.EVENT_ID, b"second id")],  # the first event id
+        [(H.EVENT_ID, None), *good],                                 # a null event id
         [(H.TXID, b"8"), *good, (H.TXID, b"9"), (H.TOPIC_COUNTS, None)],    # the first txid; null counts
         [*good, (H.TOPIC_COUNTS, None), counts],                     # the first counts header, null
         [(H.TXID, "\u00e9".encode()), (H.LSN, b"0/\xff"), (H.POSITION, b"0"), (H.SIZE, b"2")],  # odd bytes
@@ -336,9 +339,14 @@ def test_the_planning_scan_reads_headers_as_the_table_column_does(spark, kafka_b
     # from_json alone, and Tidemark's reader of the relay's form: the same column.
     slow, rows = [(read.withColumn(HEADERS_COLUMN, txn_headers(pipeline, fast=fast))
                    .select("offset", t["id"].alias("id"), t["position"].alias("position"),
-                           t["expected"].alias("expected"), HEADERS_COLUMN, guard(t).alias("flagged"))
+                           t["expected"].alias("expected"), HEADERS_COLUMN, guard(t).alias("flagged"),
+                           header(H.EVENT_ID).alias("event_id"))
                    .orderBy("offset").collect()) for fast in (False, True)]
     assert [tuple(r) for r in rows] == [tuple(r) for r in slow]
+    # The event id a G3 pipeline takes from the same pass is the header as `header` reads it.
+    assert pipeline.event_id == f"header:{H.EVENT_ID}"
+    assert [r[HEADERS_COLUMN]["event"] if r[HEADERS_COLUMN] else None for r in rows] == [r.event_id for r in rows]
+    assert {r.event_id for r in rows} >= {"only an id", "first id", None}
     column = {r.offset: None if r.id is None else (r.id, r.position, r.expected) for r in rows}
     # A guarded write fails on exactly the records the scan keeps for the cut (multi-event ones).
     assert {r.offset for r in rows if r.flagged is not None} == {

@@ -16,8 +16,8 @@ import scala.collection.immutable.Seq;
 import scala.runtime.AbstractFunction1;
 
 /**
- * {@code tidemark_txn_headers(headers, topics, counts_header, fallback, txid, lsn, position, size, source)}:
- * a record's source transaction, read from its Kafka headers in one pass.
+ * {@code tidemark_txn_headers(headers, topics, counts_header, fallback, txid, lsn, position, size, source[, event])}:
+ * a record's source transaction, and its event id, read from its Kafka headers in one pass.
  *
  * <p>The result is a struct: {@code id}, the first {@code lsn} and {@code txid} header values
  * joined as {@code <lsn>/<txid>} (null without either); {@code position} and {@code size}, the
@@ -26,7 +26,10 @@ import scala.runtime.AbstractFunction1;
  * {@code counted}: what {@link TopicCount} reads from the first {@code counts_header} for the
  * pipeline's {@code topics} (null without one). When that header is not in the relay's form,
  * the {@code fallback} expression (from_json's answer, built by the caller) is evaluated for
- * the record instead; only then. Records with no headers give null.
+ * the record instead; only then. Last, {@code event}: the first value of the {@code event} header
+ * as text, as {@code pipelines.transactions.header} reads it (null when the argument is not
+ * given): a G3 pipeline's event id then costs no second look at the headers. Records with no
+ * headers give null.
  *
  * <p>Why: each header looked up with Spark's own functions ({@code headers.key},
  * {@code array_position}, {@code headers.value}, {@code get}) copies the record's header keys
@@ -46,6 +49,8 @@ public final class TxnHeaders extends TidemarkExpression {
     private final String spec;
     private final String countsHeader;
     private final String[] names;
+    /** The event id's header, or null: read like the others, into the result's last field. */
+    private final String eventHeader;
     private final Seq<Expression> arguments;
     private transient volatile Lookup lookup;
 
@@ -60,7 +65,8 @@ public final class TxnHeaders extends TidemarkExpression {
         DataTypes.createStructField("position", DataTypes.IntegerType, true),
         DataTypes.createStructField("size", DataTypes.IntegerType, true),
         DataTypes.createStructField("source", DataTypes.StringType, true),
-        DataTypes.createStructField("counted", DataTypes.IntegerType, true)});
+        DataTypes.createStructField("counted", DataTypes.IntegerType, true),
+        DataTypes.createStructField("event", DataTypes.StringType, true)});
 
     /** Where each header named by the arguments is in {@link Lookup#keys}; {@code NAMED} of them. */
     private static final int TXID = 0, LSN = 1, POSITION = 2, SIZE = 3, SOURCE = 4, NAMED = 5;
@@ -74,6 +80,7 @@ public final class TxnHeaders extends TidemarkExpression {
     private static final class Lookup {
         final UTF8String[] keys;
         final UTF8String counts;
+        final UTF8String event;
         final TopicCount.Topics topics;
         /**
          * TopicCount's answer per counts header value in the relay's form. Every event of a
@@ -85,23 +92,26 @@ public final class TxnHeaders extends TidemarkExpression {
          */
         final ConcurrentHashMap<UTF8String, Integer> counted = new ConcurrentHashMap<>();
 
-        Lookup(String[] names, String countsHeader, String spec) {
+        Lookup(String[] names, String countsHeader, String eventHeader, String spec) {
             keys = new UTF8String[names.length];
             for (int i = 0; i < names.length; i++) {
                 keys[i] = UTF8String.fromString(names[i]);
             }
             counts = UTF8String.fromString(countsHeader);
+            event = eventHeader == null ? null : UTF8String.fromString(eventHeader);
             topics = new TopicCount.Topics(spec);
         }
     }
 
-    private TxnHeaders(Seq<Expression> arguments, String spec, String countsHeader, String[] names) {
+    private TxnHeaders(Seq<Expression> arguments, String spec, String countsHeader, String[] names,
+                       String eventHeader) {
         this.arguments = arguments;
         this.headers = arguments.apply(0);
         this.fallback = arguments.apply(3);
         this.spec = spec;
         this.countsHeader = countsHeader;
         this.names = names;
+        this.eventHeader = eventHeader;
     }
 
     public static void register(SparkSession spark) {
@@ -115,10 +125,10 @@ public final class TxnHeaders extends TidemarkExpression {
         @Override
         public Expression apply(Seq<Expression> args) {
             int n = args.size();
-            if (n != 4 + NAMED) {
+            if (n != 4 + NAMED && n != 5 + NAMED) {
                 throw new IllegalArgumentException(NAME + "(headers, topics, counts_header, fallback, txid, lsn, "
-                    + "position, size, source): " + (4 + NAMED) + " arguments, all but the headers and the "
-                    + "fallback constants");
+                    + "position, size, source[, event]): " + (4 + NAMED) + " or " + (5 + NAMED) + " arguments, "
+                    + "all but the headers and the fallback constants");
             }
             String[] constants = new String[n];
             for (int i = 1; i < n; i++) {
@@ -132,7 +142,8 @@ public final class TxnHeaders extends TidemarkExpression {
                 }
                 constants[i] = value.toString();
             }
-            return new TxnHeaders(args, constants[1], constants[2], java.util.Arrays.copyOfRange(constants, 4, n));
+            return new TxnHeaders(args, constants[1], constants[2], java.util.Arrays.copyOfRange(constants, 4, 4 + NAMED),
+                                  n > 4 + NAMED ? constants[4 + NAMED] : null);
         }
     }
 
@@ -149,15 +160,18 @@ public final class TxnHeaders extends TidemarkExpression {
         }
         Lookup found = lookup;
         if (found == null) {
-            found = new Lookup(names, countsHeader, spec);
+            found = new Lookup(names, countsHeader, eventHeader, spec);
             lookup = found;
         }
         UTF8String[] keys = found.keys;
         UTF8String countsKey = found.counts;
+        UTF8String eventKey = found.event;
         UTF8String[] values = new UTF8String[NAMED];
         boolean[] seen = new boolean[NAMED];
         boolean countsSeen = false;
+        boolean eventSeen = eventKey == null;
         UTF8String counts = null;
+        UTF8String event = null;
         for (int i = 0; i < n; i++) {
             if (array.isNullAt(i)) {
                 continue;
@@ -177,8 +191,13 @@ public final class TxnHeaders extends TidemarkExpression {
                 countsSeen = true;
                 counts = header.isNullAt(1) ? null : UTF8String.fromBytes(header.getBinary(1));
             }
+            if (!eventSeen && eventKey.equals(key)) {
+                eventSeen = true;
+                event = header.isNullAt(1) ? null : UTF8String.fromBytes(header.getBinary(1));
+            }
         }
-        Object[] result = new Object[5];
+        Object[] result = new Object[6];
+        result[5] = event;
         if (values[LSN] != null && values[TXID] != null) {
             result[0] = UTF8String.concat(values[LSN], SLASH, values[TXID]);
         }
@@ -241,7 +260,7 @@ public final class TxnHeaders extends TidemarkExpression {
 
     @Override
     public Expression withNewChildrenInternal(scala.collection.immutable.IndexedSeq<Expression> children) {
-        return new TxnHeaders(children, spec, countsHeader, names);
+        return new TxnHeaders(children, spec, countsHeader, names, eventHeader);
     }
 
     @Override
