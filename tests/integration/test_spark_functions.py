@@ -279,6 +279,11 @@ def test_txn_headers_refuses_what_it_cannot_read(spark) -> None:  # type: ignore
     assert call(F.array(pair("id", "e-1"), pair("txid", "7"), pair("id", "e-2")), F.lit("Lt"), *names,
                 F.lit("id"))[0][0].asDict() == {
         "id": None, "position": None, "size": None, "source": None, "counted": None, "event": "e-1"}
+    # A header that is also a transaction header fills both fields; a null first value is the answer.
+    assert call(headers, F.lit("Lt"), *names, F.lit("txid"))[0][0].asDict()["event"] == "7"
+    null_first = F.array(F.struct(F.lit("id").alias("key"), F.lit(None).cast("binary").alias("value")),
+                         pair("id", "x"), pair("txid", "7"))
+    assert call(null_first, F.lit("Lt"), *names, F.lit("id"))[0][0].asDict()["event"] is None
     with pytest.raises(AnalysisException, match="the headers must be Kafka's"):
         call(F.array(F.lit("txid")), F.lit("Lt"), *names)
     with pytest.raises(IllegalArgumentException, match="must be a constant string"):

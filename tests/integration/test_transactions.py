@@ -315,10 +315,11 @@ def test_the_planning_scan_reads_headers_as_the_table_column_does(spark, kafka_b
         [(H.LSN, b"0/A"), (H.POSITION, b"0"), (H.SIZE, b"2")],                      # no txid
         [(H.EVENT_ID, b"only an id")],
         [(H.EVENT_ID, b"first id"), *good, (H.EVENT_ID, b"second id")],  # the first event id
-        [(H.EVENT_ID, None), *good],                                 # a null event id
+        [(H.EVENT_ID, None), *good, (H.EVENT_ID, b"later")],          # a null event id first: null
         [(H.TXID, b"8"), *good, (H.TXID, b"9"), (H.TOPIC_COUNTS, None)],    # the first txid; null counts
         [*good, (H.TOPIC_COUNTS, None), counts],                     # the first counts header, null
-        [(H.TXID, "\u00e9".encode()), (H.LSN, b"0/\xff"), (H.POSITION, b"0"), (H.SIZE, b"2")],  # odd bytes
+        [(H.TXID, "\u00e9".encode()), (H.LSN, b"0/\xff"), (H.POSITION, b"0"), (H.SIZE, b"2"),
+         (H.EVENT_ID, b"\xff\xfeid")],                                                       # odd bytes
     ]
     producer = Producer({"bootstrap.servers": kafka_bootstrap})
     for headers in cases:

@@ -59,7 +59,10 @@ public final class TxnHeaders extends TidemarkExpression {
         DataTypes.createStructField("key", DataTypes.StringType, true),
         DataTypes.createStructField("value", DataTypes.BinaryType, true)}));
 
-    /** The result's fields, in order; the headers named by the arguments fill the first five. */
+    /**
+     * The result's fields, in order: the headers named by the arguments fill {@code id} to
+     * {@code source} and, when given, {@code event}.
+     */
     private static final StructType TYPE = DataTypes.createStructType(new StructField[] {
         DataTypes.createStructField("id", DataTypes.StringType, true),
         DataTypes.createStructField("position", DataTypes.IntegerType, true),
