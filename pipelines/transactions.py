@@ -90,8 +90,8 @@ def txn_headers(pipeline: PipelineConfig, fast: bool = False) -> Column:
     ``source`` (text), ``counted``: the sum of ``topic_counts`` over this pipeline's
     topics (null when the header is missing or unreadable), and ``event``: the pipeline's
     event id header as :func:`header` reads it (null if its event id is not a header), so
-    that a G3 pipeline reads each record's headers once, not once more for the event id. Read with ``from_json`` and
-    higher-order functions, which Spark evaluates interpreted, it was G3's largest
+    that a G3 pipeline reads each record's headers once, not once more for the event id.
+    Read with ``from_json`` and higher-order functions, which Spark evaluates interpreted, it was G3's largest
     per-record cost; so with ``fast`` (the session has Tidemark's functions,
     ``infra.udfs``) one pass over the headers, ``tidemark_txn_headers``, reads them all and
     the relay's own compact form of the counts, and only a record in any other form takes

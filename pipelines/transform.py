@@ -28,6 +28,7 @@ from pipelines.transactions import (
     HEADERS_COLUMN,
     TXN_COLUMN,
     RelayRanges,
+    event_header,
     guard,
     header,
     txn_headers,
@@ -225,13 +226,13 @@ def _frame_columns(spark: SparkSession, pipeline: PipelineConfig) -> FrameColumn
     if pipeline.transactions.atomic:
         first[HEADERS_COLUMN] = txn_headers(pipeline, spark.catalog.functionExists("tidemark_txn_headers"))
 
-    source = pipeline.event_id
+    source, named = pipeline.event_id, event_header(pipeline)
     if source == "key":
         event_id = F.col("key").cast("string")
-    elif source.startswith("header:") and pipeline.transactions.atomic:
+    elif named is not None and pipeline.transactions.atomic:
         event_id = F.col(HEADERS_COLUMN)["event"]  # read in the same pass as the transaction's headers
-    elif source.startswith("header:"):
-        event_id = header(source.removeprefix("header:"))
+    elif named is not None:
+        event_id = header(named)
     else:
         event_id = F.col(f"_parsed.`{source.removeprefix('field:')}`").cast("string")
 

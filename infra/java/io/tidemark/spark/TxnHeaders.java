@@ -187,16 +187,16 @@ public final class TxnHeaders extends TidemarkExpression {
             for (int j = 0; j < NAMED; j++) {
                 if (!seen[j] && keys[j].equals(key)) {
                     seen[j] = true;
-                    values[j] = header.isNullAt(1) ? null : UTF8String.fromBytes(header.getBinary(1));
+                    values[j] = value(header);
                 }
             }
             if (!countsSeen && countsKey.equals(key)) {
                 countsSeen = true;
-                counts = header.isNullAt(1) ? null : UTF8String.fromBytes(header.getBinary(1));
+                counts = value(header);
             }
             if (!eventSeen && eventKey.equals(key)) {
                 eventSeen = true;
-                event = header.isNullAt(1) ? null : UTF8String.fromBytes(header.getBinary(1));
+                event = value(header);
             }
         }
         Object[] result = new Object[6];
@@ -219,6 +219,11 @@ public final class TxnHeaders extends TidemarkExpression {
             result[4] = counted == -1 ? fallback.eval(row) : (Object) counted;
         }
         return new GenericInternalRow(result);
+    }
+
+    /** A header's value as text (its bytes as they are, as Spark's cast of binary to string), or null. */
+    private static UTF8String value(InternalRow header) {
+        return header.isNullAt(1) ? null : UTF8String.fromBytes(header.getBinary(1));
     }
 
     /** {@code try_cast(text AS INT)}: Spark's own reading of the text (the one its cast calls), or null. */
