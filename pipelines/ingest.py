@@ -23,7 +23,7 @@ from offsets.ledger import Intent
 from offsets.protocol import BatchResult, CommitProtocol
 from pipelines import transactions
 from pipelines.dedup import table_version
-from pipelines.transform import frames
+from pipelines.transform import columns_ahead, frames
 from tidemark.config import PipelineConfig, TidemarkConfig
 from tidemark.errors import ConfigError, TidemarkError
 
@@ -177,6 +177,7 @@ class IngestJob:
 
     def run_to(self, bounds: Mapping[TP, PartitionBounds], stop: threading.Event | None = None) -> IngestReport:
         """Batches until every partition reaches ``bounds`` (a fixed LSO snapshot)."""
+        columns_ahead(self.spark, self.pipeline)
         with self._run_scope():
             return self._run_to(bounds, stop)
 
@@ -244,11 +245,13 @@ class IngestJob:
                          for (_, before), (step, at) in zip(self._marks, self._marks[1:], strict=False))
 
     def run_bounded(self) -> IngestReport:
+        columns_ahead(self.spark, self.pipeline)  # built while the snapshot asks Kafka
         return self.run_to(self.snapshot())
 
     def follow(self, stop: threading.Event) -> IngestReport:
         """Micro-batches until ``stop`` is set; the batch in flight always finishes first."""
         self.protocol.keep_warm = True
+        columns_ahead(self.spark, self.pipeline)
         report = IngestReport()
         with self._run_scope():
             try:

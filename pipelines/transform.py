@@ -15,8 +15,11 @@ transaction incomplete, past its timeout.
 from __future__ import annotations
 
 import json
+import logging
+import threading
 import weakref
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -39,6 +42,8 @@ from tidemark.errors import ConfigError
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
 
 _CORRUPT = "_tidemark_corrupt"
 _UTF8 = "_tidemark_utf8"
@@ -158,9 +163,11 @@ class FrameColumns:
     is_bad: Column
 
 
-#: Per session, the :class:`FrameColumns` of each pipeline configuration a job built them for.
-_KEPT_COLUMNS: weakref.WeakKeyDictionary[SparkSession, dict[PipelineConfig, FrameColumns]] = (
+#: Per session, the :class:`FrameColumns` of each pipeline configuration a job built them for
+#: (a future: :func:`columns_ahead` may still be building them).
+_KEPT_COLUMNS: weakref.WeakKeyDictionary[SparkSession, dict[PipelineConfig, Future[FrameColumns]]] = (
     weakref.WeakKeyDictionary())
+_KEPT_LOCK = threading.Lock()
 
 #: At most this many pipeline configurations' columns kept per session (a served driver runs a few).
 KEPT_COLUMNS_PER_SESSION = 64
@@ -171,16 +178,53 @@ def frame_columns(spark: SparkSession, pipeline: PipelineConfig) -> FrameColumns
 
     Built once per session and configuration: a served driver's scheduled runs, each a new
     job, then skip the hundred-odd py4j round trips (0.05-0.1 s of a G3 run's step 4,
-    docs/benchmarks.md). A changed configuration is another key, so it gets its own.
+    docs/benchmarks.md). A changed configuration is another key, so it gets its own. A
+    build :func:`columns_ahead` started is waited for, not repeated; a failed one is not
+    kept, so its error reaches every caller waiting for it and the next call builds again.
     """
-    kept = _KEPT_COLUMNS.setdefault(spark, {})
-    columns = kept.get(pipeline)
-    if columns is None:
+    with _KEPT_LOCK:
+        kept = _KEPT_COLUMNS.setdefault(spark, {})
+        future = kept.get(pipeline)
+        mine = future is None
+        if future is None:
+            if len(kept) >= KEPT_COLUMNS_PER_SESSION:
+                kept.clear()
+            future = kept[pipeline] = Future()
+    if not mine:
+        return future.result()
+    try:
         columns = _frame_columns(spark, pipeline)
-        if len(kept) >= KEPT_COLUMNS_PER_SESSION:
-            kept.clear()
-        kept[pipeline] = columns
+    except BaseException as error:
+        with _KEPT_LOCK:
+            if _KEPT_COLUMNS.get(spark, {}).get(pipeline) is future:
+                del _KEPT_COLUMNS[spark][pipeline]
+        future.set_exception(error)
+        raise
+    future.set_result(columns)
     return columns
+
+
+def columns_ahead(spark: SparkSession, pipeline: PipelineConfig) -> None:
+    """Start building ``pipeline``'s :func:`frame_columns` on a thread, unless kept or under way.
+
+    Why: a process's first batch of a pipeline otherwise builds them in step 3, where step
+    4's pass is prepared while the claim commits, and a G3 pipeline's took longer than the
+    claim (0.06 s of its 0.14 s prepare against plain's 0.03 s of 0.08 s, 200,000-event
+    batches, docs/benchmarks.md, session 41). Started before the job's LSO snapshot, the
+    build overlaps that, step 1 and step 2 (the manifest read), which wait on Kafka and
+    Delta. A failure is left for the batch's own call, which raises it.
+    """
+    with _KEPT_LOCK:
+        if pipeline in _KEPT_COLUMNS.get(spark, {}):
+            return
+
+    def build() -> None:
+        try:
+            frame_columns(spark, pipeline)
+        except Exception as error:  # noqa: BLE001 - not kept: the batch's own call builds again and raises it
+            log.debug("building %s's columns ahead failed (%s); the batch's call raises it", pipeline.name, error)
+
+    threading.Thread(target=build, daemon=True, name=f"tidemark-columns-{pipeline.name}").start()
 
 
 def _frame_columns(spark: SparkSession, pipeline: PipelineConfig) -> FrameColumns:

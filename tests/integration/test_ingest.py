@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from offsets.ledger import Ledger
 from offsets.protocol import ConcurrentWriterError
 from offsets.tables import delta_table_exists
+from pipelines import transform
 from pipelines.ingest import IngestJob
 from tests.kafka_helpers import read_all, transactional_producer, write_transaction
 from tidemark.config import parse_config
@@ -155,6 +157,34 @@ def test_a_schema_field_in_tidemarks_namespace_is_refused_before_anything_is_rea
     with pytest.raises(ConfigError, match="_tidemark_utf8.*rename them in `schema`"):
         IngestJob(spark, config, config.pipelines[0], kafka_bootstrap).run_bounded()
     assert not delta_table_exists(spark, config.pipelines[0].target)
+
+
+def test_columns_built_ahead_are_built_once_and_a_failed_build_is_not_kept(  # type: ignore[no-untyped-def]
+        spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch's call waits for the build :func:`columns_ahead` started instead of racing it,
+    and a configuration whose build fails raises its error on every call, none kept."""
+    builds: list[str] = []
+    real = transform._frame_columns
+
+    def slow(session, pipeline):  # type: ignore[no-untyped-def]
+        builds.append(pipeline.target)
+        time.sleep(0.3)  # the batch's call arrives while the build is under way
+        return real(session, pipeline)
+
+    monkeypatch.setattr(transform, "_frame_columns", slow)
+    good = _config("ahead", tmp_path / "good").pipelines[0]
+    transform.columns_ahead(spark, good)
+    first = transform.frame_columns(spark, good)
+    transform.columns_ahead(spark, good)  # kept: no second build
+    assert transform.frame_columns(spark, good) is first
+    assert builds == [good.target]
+
+    bad = _config("ahead", tmp_path / "bad", schema="id INT, _tidemark_utf8 BOOLEAN").pipelines[0]
+    transform.columns_ahead(spark, bad)
+    for _ in range(2):
+        with pytest.raises(ConfigError, match="_tidemark_utf8"):
+            transform.frame_columns(spark, bad)
+    assert builds.count(bad.target) >= 2  # the failure was not kept: the second call built again
 
 
 def test_a_marker_only_range_costs_no_poll_timeout(spark, kafka_bootstrap: str, topic_factory,  # type: ignore[no-untyped-def]
