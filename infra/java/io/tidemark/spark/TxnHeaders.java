@@ -6,6 +6,7 @@ import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.analysis.TypeCheckResult;
 import org.apache.spark.sql.catalyst.expressions.Expression;
 import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 import org.apache.spark.sql.catalyst.util.ArrayData;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DataTypes;
@@ -71,8 +72,11 @@ public final class TxnHeaders extends TidemarkExpression {
         DataTypes.createStructField("counted", DataTypes.IntegerType, true),
         DataTypes.createStructField("event", DataTypes.StringType, true)});
 
-    /** Where each header named by the arguments is in {@link Lookup#keys}; {@code NAMED} of them. */
-    private static final int TXID = 0, LSN = 1, POSITION = 2, SIZE = 3, SOURCE = 4, NAMED = 5;
+    /**
+     * Where each header named by the arguments is in {@link Lookup#keys}: {@code NAMED} of them,
+     * then the counts header and the event id's.
+     */
+    private static final int TXID = 0, LSN = 1, POSITION = 2, SIZE = 3, SOURCE = 4, NAMED = 5, COUNTS = 5, EVENT = 6;
 
     private static final UTF8String SLASH = UTF8String.fromString("/");
 
@@ -81,9 +85,15 @@ public final class TxnHeaders extends TidemarkExpression {
 
     /** What the constants become on an executor, built once there and never changed. */
     private static final class Lookup {
+        /** The headers read, at {@code TXID} to {@code EVENT} (the last only when the event id is a header). */
         final UTF8String[] keys;
-        final UTF8String counts;
-        final UTF8String event;
+        /**
+         * Per key length in bytes, which of {@link #keys} have it (null: none). A header's key
+         * is then compared with the one or two names of its length, not with all seven: the
+         * comparisons were a third of this expression's time in a profile (docs/benchmarks.md,
+         * session 41).
+         */
+        final int[][] byLength;
         final TopicCount.Topics topics;
         /**
          * TopicCount's answer per counts header value in the relay's form. Every event of a
@@ -96,12 +106,25 @@ public final class TxnHeaders extends TidemarkExpression {
         final ConcurrentHashMap<UTF8String, Integer> counted = new ConcurrentHashMap<>();
 
         Lookup(String[] names, String countsHeader, String eventHeader, String spec) {
-            keys = new UTF8String[names.length];
-            for (int i = 0; i < names.length; i++) {
+            keys = new UTF8String[eventHeader == null ? EVENT : EVENT + 1];
+            for (int i = 0; i < NAMED; i++) {
                 keys[i] = UTF8String.fromString(names[i]);
             }
-            counts = UTF8String.fromString(countsHeader);
-            event = eventHeader == null ? null : UTF8String.fromString(eventHeader);
+            keys[COUNTS] = UTF8String.fromString(countsHeader);
+            if (eventHeader != null) {
+                keys[EVENT] = UTF8String.fromString(eventHeader);
+            }
+            int longest = 0;
+            for (UTF8String key : keys) {
+                longest = Math.max(longest, key.numBytes());
+            }
+            byLength = new int[longest + 1][];
+            for (int i = 0; i < keys.length; i++) {
+                int[] same = byLength[keys[i].numBytes()];
+                int[] grown = same == null ? new int[1] : java.util.Arrays.copyOf(same, same.length + 1);
+                grown[grown.length - 1] = i;
+                byLength[keys[i].numBytes()] = grown;
+            }
             topics = new TopicCount.Topics(spec);
         }
     }
@@ -167,15 +190,11 @@ public final class TxnHeaders extends TidemarkExpression {
             lookup = found;
         }
         UTF8String[] keys = found.keys;
-        UTF8String countsKey = found.counts;
-        UTF8String eventKey = found.event;
-        UTF8String[] values = new UTF8String[NAMED];
-        boolean[] seen = new boolean[NAMED];
-        boolean countsSeen = false;
-        boolean eventSeen = eventKey == null;
-        UTF8String counts = null;
-        UTF8String event = null;
-        for (int i = 0; i < n; i++) {
+        int[][] byLength = found.byLength;
+        UTF8String[] values = new UTF8String[EVENT + 1];
+        boolean[] seen = new boolean[EVENT + 1];
+        int missing = keys.length;
+        for (int i = 0; i < n && missing > 0; i++) {
             if (array.isNullAt(i)) {
                 continue;
             }
@@ -184,23 +203,22 @@ public final class TxnHeaders extends TidemarkExpression {
                 continue;
             }
             UTF8String key = header.getUTF8String(0);
-            for (int j = 0; j < NAMED; j++) {
+            int length = key.numBytes();
+            int[] named = length < byLength.length ? byLength[length] : null;
+            if (named == null) {
+                continue;
+            }
+            for (int j : named) {  // each name takes its first header, even one another name shares
                 if (!seen[j] && keys[j].equals(key)) {
                     seen[j] = true;
                     values[j] = value(header);
+                    missing--;
                 }
             }
-            if (!countsSeen && countsKey.equals(key)) {
-                countsSeen = true;
-                counts = value(header);
-            }
-            if (!eventSeen && eventKey.equals(key)) {
-                eventSeen = true;
-                event = value(header);
-            }
         }
+        UTF8String counts = values[COUNTS];
         Object[] result = new Object[6];
-        result[5] = event;
+        result[5] = values[EVENT];
         if (values[LSN] != null && values[TXID] != null) {
             result[0] = UTF8String.concat(values[LSN], SLASH, values[TXID]);
         }
@@ -214,16 +232,28 @@ public final class TxnHeaders extends TidemarkExpression {
                 if (found.counted.size() >= REMEMBERED) {
                     found.counted.clear();
                 }
-                found.counted.put(counts, counted);
+                found.counted.put(counts.copy(), counted);  // a view's bytes change with the next record
             }
             result[4] = counted == -1 ? fallback.eval(row) : (Object) counted;
         }
         return new GenericInternalRow(result);
     }
 
-    /** A header's value as text (its bytes as they are, as Spark's cast of binary to string), or null. */
+    /**
+     * A header's value as text (its bytes as they are, as Spark's cast of binary to string), or null.
+     *
+     * <p>From the Kafka source's rows, a view of the value's bytes where they are, not a copy:
+     * a binary and a string field are laid out alike in an {@link UnsafeRow}. Six or seven
+     * copies a record otherwise, each a new array. A view is valid while the input row is, as
+     * with Spark's own {@code GetStructField}: the result is consumed before the next record,
+     * and what {@link Lookup#counted} keeps is copied first.
+     */
     private static UTF8String value(InternalRow header) {
-        return header.isNullAt(1) ? null : UTF8String.fromBytes(header.getBinary(1));
+        if (header.isNullAt(1)) {
+            return null;
+        }
+        return header instanceof UnsafeRow ? ((UnsafeRow) header).getUTF8String(1)
+            : UTF8String.fromBytes(header.getBinary(1));
     }
 
     /** {@code try_cast(text AS INT)}: Spark's own reading of the text (the one its cast calls), or null. */
