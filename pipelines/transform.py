@@ -209,10 +209,10 @@ def columns_ahead(spark: SparkSession, pipeline: PipelineConfig) -> None:
 
     Why: a process's first batch of a pipeline otherwise builds them in step 3, where step
     4's pass is prepared while the claim commits, and a G3 pipeline's took longer than the
-    claim (0.06 s of its 0.14 s prepare against plain's 0.03 s of 0.08 s, 200,000-event
-    batches, docs/benchmarks.md, session 41). Started before the job's LSO snapshot, the
-    build overlaps that, step 1 and step 2 (the manifest read), which wait on Kafka and
-    Delta. A failure is left for the batch's own call, which raises it.
+    claim (0.06 s of its 0.14 s prepare against plain's 0.03 s of 0.08 s; docs/benchmarks.md,
+    session 41). Started before the job's LSO snapshot, the build overlaps that, step 1 and
+    step 2 (the manifest read), which wait on Kafka and Delta. A failure is left for the
+    batch's own call, which raises it.
     """
     with _KEPT_LOCK:
         if pipeline in _KEPT_COLUMNS.get(spark, {}):
