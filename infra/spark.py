@@ -74,10 +74,11 @@ def spark_conf(settings: Settings, *, warehouse: Path | None = None) -> dict[str
         "spark.hadoop.delta.enableFastS3AListFrom": "true",
         "spark.sql.sources.parallelPartitionDiscovery.parallelism": "2",
         "spark.sql.adaptive.enabled": "true",
-        # PySpark 4 otherwise records the Python call site of every DataFrame and Column call
-        # in the JVM for error context (several py4j round trips each): the call sites would be
-        # Tidemark's own lines, and a G3 batch's step 4 pass took 0.21 s to build with them,
-        # 0.14 s without (docs/benchmarks.md, session 41). Read by PySpark once per process.
+        # PySpark 4 otherwise records the Python call site of every Column method and
+        # `functions.col` call in the JVM for error context (several py4j round trips each):
+        # the call sites would be Tidemark's own lines, and a G3 batch's step 4 pass took
+        # 0.21 s to build with them, 0.14 s without (docs/benchmarks.md, session 41). PySpark
+        # reads the setting once per process.
         "spark.python.sql.dataFrameDebugging.enabled": "false",
         **{f"spark.hadoop.parquet.enable.dictionary#{column}": "false" for column in PLAIN_ENCODED_COLUMNS},
         "spark.driver.extraJavaOptions": (

@@ -182,26 +182,8 @@ def frame_columns(spark: SparkSession, pipeline: PipelineConfig) -> FrameColumns
     build :func:`columns_ahead` started is waited for, not repeated; a failed one is not
     kept, so its error reaches every caller waiting for it and the next call builds again.
     """
-    with _KEPT_LOCK:
-        kept = _KEPT_COLUMNS.setdefault(spark, {})
-        future = kept.get(pipeline)
-        mine = future is None
-        if future is None:
-            if len(kept) >= KEPT_COLUMNS_PER_SESSION:
-                kept.clear()
-            future = kept[pipeline] = Future()
-    if not mine:
-        return future.result()
-    try:
-        columns = _frame_columns(spark, pipeline)
-    except BaseException as error:
-        with _KEPT_LOCK:
-            if _KEPT_COLUMNS.get(spark, {}).get(pipeline) is future:
-                del _KEPT_COLUMNS[spark][pipeline]
-        future.set_exception(error)
-        raise
-    future.set_result(columns)
-    return columns
+    future, mine = _claim_columns(spark, pipeline)
+    return _build_columns(spark, pipeline, future) if mine else future.result()
 
 
 def columns_ahead(spark: SparkSession, pipeline: PipelineConfig) -> None:
@@ -214,17 +196,44 @@ def columns_ahead(spark: SparkSession, pipeline: PipelineConfig) -> None:
     step 2 (the manifest read), which wait on Kafka and Delta. A failure is left for the
     batch's own call, which raises it.
     """
-    with _KEPT_LOCK:
-        if pipeline in _KEPT_COLUMNS.get(spark, {}):
-            return
+    future, mine = _claim_columns(spark, pipeline)
+    if not mine:
+        return
 
     def build() -> None:
         try:
-            frame_columns(spark, pipeline)
+            _build_columns(spark, pipeline, future)
         except Exception as error:  # noqa: BLE001 - not kept: the batch's own call builds again and raises it
             log.debug("building %s's columns ahead failed (%s); the batch's call raises it", pipeline.name, error)
 
+    # No Spark job runs here, as none does where step 3 builds them otherwise (its own thread).
     threading.Thread(target=build, daemon=True, name=f"tidemark-columns-{pipeline.name}").start()
+
+
+def _claim_columns(spark: SparkSession, pipeline: PipelineConfig) -> tuple[Future[FrameColumns], bool]:
+    """The kept (or under way) columns of ``pipeline``, or a new entry the caller must build (True)."""
+    with _KEPT_LOCK:
+        kept = _KEPT_COLUMNS.setdefault(spark, {})
+        future = kept.get(pipeline)
+        if future is not None:
+            return future, False
+        if len(kept) >= KEPT_COLUMNS_PER_SESSION:
+            kept.clear()
+        future = kept[pipeline] = Future()
+        return future, True
+
+
+def _build_columns(spark: SparkSession, pipeline: PipelineConfig, future: Future[FrameColumns]) -> FrameColumns:
+    try:
+        columns = _frame_columns(spark, pipeline)
+    except BaseException as error:  # every waiter gets it; the entry goes, so the next call builds again
+        with _KEPT_LOCK:
+            if _KEPT_COLUMNS.get(spark, {}).get(pipeline) is future:
+                del _KEPT_COLUMNS[spark][pipeline]
+        future.set_exception(error)
+        raise
+    future.set_result(columns)
+    return columns
 
 
 def _frame_columns(spark: SparkSession, pipeline: PipelineConfig) -> FrameColumns:

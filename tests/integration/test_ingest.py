@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -161,30 +162,34 @@ def test_a_schema_field_in_tidemarks_namespace_is_refused_before_anything_is_rea
 
 def test_columns_built_ahead_are_built_once_and_a_failed_build_is_not_kept(  # type: ignore[no-untyped-def]
         spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The batch's call waits for the build :func:`columns_ahead` started instead of racing it,
-    and a configuration whose build fails raises its error on every call, none kept."""
-    builds: list[str] = []
+    """The batch's call waits for the build :func:`columns_ahead` started on its thread instead
+    of racing it, and a configuration whose build fails raises its error on every call, none kept."""
+    builds: list[tuple[str, str]] = []
+    started = threading.Event()
     real = transform._frame_columns
 
     def slow(session, pipeline):  # type: ignore[no-untyped-def]
-        builds.append(pipeline.target)
+        builds.append((pipeline.target, threading.current_thread().name))
+        started.set()
         time.sleep(0.3)  # the batch's call arrives while the build is under way
         return real(session, pipeline)
 
     monkeypatch.setattr(transform, "_frame_columns", slow)
     good = _config("ahead", tmp_path / "good").pipelines[0]
     transform.columns_ahead(spark, good)
+    transform.columns_ahead(spark, good)  # under way: no second thread, no second build
+    assert started.wait(30)
     first = transform.frame_columns(spark, good)
-    transform.columns_ahead(spark, good)  # kept: no second build
     assert transform.frame_columns(spark, good) is first
-    assert builds == [good.target]
+    assert builds == [(good.target, "tidemark-columns-orders")]
 
     bad = _config("ahead", tmp_path / "bad", schema="id INT, _tidemark_utf8 BOOLEAN").pipelines[0]
     transform.columns_ahead(spark, bad)
     for _ in range(2):
         with pytest.raises(ConfigError, match="_tidemark_utf8"):
             transform.frame_columns(spark, bad)
-    assert builds.count(bad.target) >= 2  # the failure was not kept: the second call built again
+    assert next(name for target, name in builds if target == bad.target) == "tidemark-columns-orders"
+    assert len([1 for target, _ in builds if target == bad.target]) >= 2  # not kept: built again
 
 
 def test_a_marker_only_range_costs_no_poll_timeout(spark, kafka_bootstrap: str, topic_factory,  # type: ignore[no-untyped-def]
