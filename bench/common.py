@@ -93,7 +93,7 @@ def kafka_broker(bootstrap: str | None = None) -> Iterator[tuple[str, str]]:
     settings = load_settings()
     state = Path(tempfile.mkdtemp(prefix="tidemark-bench-"))
     jars = jar_cache.resolve(settings.home_dir, "kafka")
-    cluster = EmbeddedKafka(state / "kafka", jars, port=free_port_block(2, start=39092), heap=settings.kafka.heap)
+    cluster = EmbeddedKafka(state / "kafka", jars, port=free_port_block(2, start=28092), heap=settings.kafka.heap)
     print(f"starting Kafka on {cluster.bootstrap_servers} (state {state}) ...", flush=True)
     cluster.start()
     try:

@@ -247,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
             broker_version = "external"
         else:
             jars = jar_cache.resolve(settings.home_dir, "kafka")
-            cluster = EmbeddedKafka(state / "kafka", jars, port=free_port_block(2, start=39092), heap=settings.kafka.heap)
+            cluster = EmbeddedKafka(state / "kafka", jars, port=free_port_block(2, start=28092), heap=settings.kafka.heap)
             print(f"starting Kafka on {cluster.bootstrap_servers} (state {state}) ...", flush=True)
             cluster.start()
             bootstrap = cluster.bootstrap_servers

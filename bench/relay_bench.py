@@ -64,7 +64,7 @@ def postgres(dsn: str | None) -> Iterator[str]:
     from infra.process import free_port_block
 
     state = Path(tempfile.mkdtemp(prefix="tidemark-bench-pg-"))
-    server = EmbeddedPostgres(state, port=free_port_block(1, start=35432))
+    server = EmbeddedPostgres(state, port=free_port_block(1, start=23432))
     server.start()
     try:
         yield server.dsn

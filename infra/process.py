@@ -7,6 +7,7 @@ an unrelated process after a reboot is never mistaken for ours (and never killed
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -42,21 +43,37 @@ def require_free_ports(ports: dict[str, int], setting: str) -> None:
         )
 
 
+def ephemeral_ports() -> range:
+    """The kernel's range for the source ports of outgoing connections (Linux's default if it
+    cannot be read). A server must not listen inside it: any client connecting anywhere may be
+    handed the port between our check that it is free and the server's bind."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
 def free_port() -> int:
-    """A port the kernel says is free now (for tests and throwaway servers)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
+    """A free port outside the ephemeral range (for tests and throwaway servers), from a random
+    start so that two callers before either binds are unlikely to be handed the same one."""
+    return free_port_block(1, start=random.randrange(20000, 30000))
 
 
 def free_port_block(size: int, start: int = 29092) -> int:
-    """The first port ``p`` from ``start`` such that ``p .. p+size-1`` are all free."""
+    """The first port ``p`` from ``start`` such that ``p .. p+size-1`` are all free and none is
+    in :func:`ephemeral_ports` (whose ports outgoing connections take at any moment)."""
+    ephemeral = ephemeral_ports()
     port = start
-    while port < 60000:
-        if all(port_is_free(q) for q in range(port, port + size)):
+    while port + size <= 65536:
+        block = range(port, port + size)
+        if block.start <= ephemeral[-1] and ephemeral[0] <= block[-1]:
+            port = ephemeral[-1] + 1  # the block overlaps the ephemeral range: skip past it
+            continue
+        if all(port_is_free(q) for q in block):
             return port
         port += size
-    raise RuntimeError("no block of free ports on 127.0.0.1")
+    raise RuntimeError(f"no block of {size} free ports on {LOOPBACK} outside the ephemeral range {ephemeral}")
 
 
 def java_executable() -> str:

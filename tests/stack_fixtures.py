@@ -98,7 +98,7 @@ def secured_kafka(settings: Settings, root: Path, security: str, *, brokers: int
     """An embedded cluster secured as ``TIDEMARK_KAFKA__SECURITY`` would make it (``sasl_ssl`` or
     ``mtls``), on free ports, with the ``relay`` and ``ingest`` passwords starting :data:`CANARY`."""
     jars = jar_cache.resolve(settings.home_dir, "kafka")
-    cluster = EmbeddedKafka(root, jars, port=free_port_block(2 * brokers, start=37092), brokers=brokers, heap="384m",
+    cluster = EmbeddedKafka(root, jars, port=free_port_block(2 * brokers, start=27092), brokers=brokers, heap="384m",
                             security=security)
     for principal in ("relay", "ingest"):  # before the format creates the users with them
         write_private(root / "secrets" / f"{principal}.password", f"{CANARY}-{principal}-{os.urandom(6).hex()}".encode())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import time
 import urllib.request
@@ -13,17 +12,12 @@ from pathlib import Path
 import pytest
 
 from connectors.admin import KafkaAdmin
+from infra.process import free_port
 from tests.ingest_harness import ingest_argv, process_env, write_config
 from tests.kafka_helpers import transactional_producer, write_transaction
 from tests.relay_harness import RelaySetup
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _scrape(port: int) -> Samples:
@@ -79,7 +73,7 @@ def test_ingest_follow_metrics_match_kafka(kafka_bootstrap: str, topic_factory, 
                           commit=t != 1)
     config = write_config(tmp_path / "tidemark.yaml", kafka_bootstrap, tmp_path / "orders", topics=[topic],
                           trigger_interval_seconds=0.5)
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "ingest.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(ingest_argv(config, "--follow", "--metrics-port", str(port)), env=process_env(),
@@ -120,7 +114,7 @@ def test_relay_metrics_match_the_outbox_and_kafka(tmp_path: Path, postgres_dsn: 
                         "SELECT gen_random_uuid(), 'order', 'k' || i, 'Changed', '{}'::jsonb "
                         "FROM generate_series(1, 4) i")
             conn.commit()
-    port = _free_port()
+    port = free_port()
     relay = setup.start("--metrics-port", str(port))
     try:
         done = _until(port, relay, lambda s: _value(s, "tidemark_relay_events_total", relay=setup.relay_id) == 24

@@ -45,9 +45,9 @@ def cli_env(tmp_path: Path, settings: Settings) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEMARK_")}
     env.update({
         "TIDEMARK_HOME": str(home),
-        "TIDEMARK_KAFKA__PORT": str(free_port_block(2, start=31092)),
-        "TIDEMARK_POSTGRES__PORT": str(free_port_block(1, start=35432)),
-        "TIDEMARK_PREFECT__PORT": str(free_port_block(1, start=34200)),
+        "TIDEMARK_KAFKA__PORT": str(free_port_block(2, start=21092)),
+        "TIDEMARK_POSTGRES__PORT": str(free_port_block(1, start=22432)),
+        "TIDEMARK_PREFECT__PORT": str(free_port_block(1, start=24200)),
     })
     return env
 

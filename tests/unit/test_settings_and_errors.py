@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from infra import jars
-from infra.process import java_executable, require_free_ports
+from infra.process import ephemeral_ports, free_port, free_port_block, java_executable, require_free_ports
 from tidemark import errors
 from tidemark.settings import load_settings
 
@@ -60,6 +60,16 @@ def test_taken_port_is_named() -> None:
         with pytest.raises(errors.PortInUseError) as info:
             require_free_ports({"kafka client": port}, "TIDEMARK_KAFKA__PORT")
     assert f"kafka client {port}" in str(info.value) and "TIDEMARK_KAFKA__PORT" in str(info.value)
+
+
+def test_test_servers_never_listen_where_outgoing_connections_take_their_ports() -> None:
+    """A block that would reach into the ephemeral range is passed over (a client connecting
+    anywhere could take one of its ports before the server binds: CI saw a broker fail so)."""
+    ephemeral = ephemeral_ports()
+    start = free_port_block(6, start=ephemeral.start - 3)
+    assert not set(range(start, start + 6)) & set(ephemeral)
+    assert start > ephemeral[-1] or start + 6 <= ephemeral.start
+    assert free_port() not in ephemeral
 
 
 def test_missing_java_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
