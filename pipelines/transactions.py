@@ -39,6 +39,7 @@ from offsets.cut import (
     search_regions,
 )
 from offsets.ledger import TP, Intent, Wait
+from offsets.protocol import Guard
 from outbox import headers as H
 from tidemark.config import PipelineConfig
 from tidemark.errors import TerminalError
@@ -125,17 +126,26 @@ def txn_headers(pipeline: PipelineConfig, fast: bool = False) -> Column:
         (header(event) if event is not None else F.lit(None).cast("string")).alias("event")))
 
 
+def _valid(h: Column) -> Column:
+    """Whether the headers ``h`` (:func:`txn_headers`) name a source transaction: else the record is its own."""
+    return h["id"].isNotNull() & h["position"].isNotNull() & (h["size"] > 0)
+
+
+def _expected(h: Column) -> Column:
+    """How many of the transaction's events this pipeline expects: without a readable per-topic count, every one."""
+    from pyspark.sql import functions as F
+
+    return F.coalesce(h["counted"], h["size"])
+
+
 def txn_struct() -> Column:
     """``_tidemark_txn`` of a row with :func:`txn_headers`: (id, position, size, expected, released=false), or null."""
     from pyspark.sql import functions as F
 
     h = F.col(HEADERS_COLUMN)
-    # Without a readable per-topic count, every event is expected here.
-    expected = F.coalesce(h["counted"], h["size"])
-    valid = h["id"].isNotNull() & h["position"].isNotNull() & (h["size"] > 0)
-    return F.when(valid, F.struct(
+    return F.when(_valid(h), F.struct(
         h["id"].alias("id"), h["position"].alias("position"), h["size"].alias("size"),
-        expected.alias("expected"), F.lit(False).alias("released")))
+        _expected(h).alias("expected"), F.lit(False).alias("released")))
 
 
 _INT = re.compile(r"\s*[+-]?[0-9]+\s*")
@@ -165,27 +175,33 @@ def _counts(raw: bytes | None) -> dict[str, int] | None:
     return data
 
 
-def guard(txn: Column, listed: RelayRanges = ()) -> Column:
-    """For a guarded batch's write (offsets.protocol): null unless the row's ``_tidemark_txn`` is
-    multi-event and not from a transaction a manifest cut listed (``listed``: per relay, the
-    commit LSNs of its listed transactions; every one of that relay's transactions in between
-    with an event in the batch is listed, because a relay's manifest records follow its
-    commit order). Without ``listed``, exactly the rows :func:`scan` would keep, so a batch
-    that passes is one whose scan would have found nothing to cut.
+def guard(listed: RelayRanges = (), base: Guard | None = None) -> Guard:
+    """For a guarded batch's write (offsets.protocol), over rows with :func:`txn_headers`:
+    tripped by a record of a multi-event transaction not from one a manifest cut listed
+    (``listed``: per relay, the commit LSNs of its listed transactions; every one of that
+    relay's transactions in between with an event in the batch is listed, because a
+    relay's manifest records follow its commit order). Without ``listed``, exactly the rows
+    :func:`scan` would keep, so a batch that passes is one whose scan would have found
+    nothing to cut. ``base``: ``guard()`` built before (a pipeline keeps it: each column is
+    a py4j round trip), to which only ``listed`` is added.
+
+    Read from the headers, each once, not from ``_tidemark_txn``: Spark repeats a
+    conditional struct's test for each field read from it.
     """
     from pyspark.sql import functions as F
 
-    unknown = txn.isNotNull() & (txn["expected"] > 1)
-    if listed:
-        # `tidemark.source` is `<relay>:<16 hex digits of the commit LSN>`: text order is commit order.
-        source = F.col(HEADERS_COLUMN)["source"]
-        inside = F.lit(False)
-        for relay, low, high in listed:
-            inside = inside | source.between(H.source(relay, low), H.source(relay, high))
-        unknown = unknown & ~F.coalesce(inside, F.lit(False))
-    return F.when(unknown, F.concat(
-        F.lit("record "), F.col("topic"), F.lit(":"), F.col("partition").cast("string"), F.lit("@"),
-        F.col("offset").cast("string"), F.lit(" belongs to multi-event source transaction "), txn["id"]))
+    h = F.col(HEADERS_COLUMN)
+    if base is None:
+        base = Guard(tripped=F.coalesce(_valid(h) & (_expected(h) > 1), F.lit(False)), why=F.concat(
+            F.lit("record "), F.col("topic"), F.lit(":"), F.col("partition").cast("string"), F.lit("@"),
+            F.col("offset").cast("string"), F.lit(" belongs to multi-event source transaction "), h["id"]))
+    if not listed:
+        return base
+    # `tidemark.source` is `<relay>:<16 hex digits of the commit LSN>`: text order is commit order.
+    inside = F.lit(False)
+    for relay, low, high in listed:
+        inside = inside | h["source"].between(H.source(relay, low), H.source(relay, high))
+    return Guard(tripped=base.tripped & ~F.coalesce(inside, F.lit(False)), why=base.why)
 
 
 def topic_filter(pipeline: PipelineConfig) -> Callable[[str], bool]:

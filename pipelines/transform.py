@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from connectors.kafka_config import fingerprint
 from offsets.ledger import Intent
-from offsets.protocol import ERROR_COLUMN, BatchFrames
+from offsets.protocol import ERROR_COLUMN, BatchFrames, Guard, guarded_error
 from pipelines.dedup import EVENT_ID_COLUMN, flag_duplicates
 from pipelines.transactions import (
     HEADERS_COLUMN,
@@ -155,6 +155,8 @@ class FrameColumns:
     event_id: Column
     constant: Callable[[Column], Column]
     txn: Column | None
+    guard: Guard | None
+    """:func:`~pipelines.transactions.guard` without a batch's listed transactions."""
     good: list[Column]
     """The good rows' columns before the per-batch ``_tidemark_txn`` and ``_tidemark_ingested_at``."""
     ingested: Column
@@ -310,6 +312,7 @@ def _frame_columns(spark: SparkSession, pipeline: PipelineConfig) -> FrameColumn
     return FrameColumns(
         first=first, error=error, event_id=event_id, constant=constant,
         txn=txn_struct() if pipeline.transactions.atomic else None,
+        guard=guard() if pipeline.transactions.atomic else None,
         good=[*payload, *(lineage[c] for c in pipeline.lineage), F.col("_event_id").alias(EVENT_ID_COLUMN)],
         ingested=F.col("_ingested_at").alias("_tidemark_ingested_at"), bad=bad,
         is_good=F.col(ERROR_COLUMN).isNull(), is_bad=F.col(ERROR_COLUMN).isNotNull())
@@ -324,23 +327,26 @@ def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: Pipelin
     cols = frame_columns(spark, pipeline)  # kept per session and configuration
     constant = cols.constant
 
-    def check(read: DataFrame) -> DataFrame:
-        checked = read.withColumns({
+    def check(read: DataFrame, guarded: Guard | None) -> DataFrame:
+        added = {
             "_batch_id": constant(F.lit(intent.batch_id).cast("bigint")),
             # aware: the instant, whatever the local zone
             "_ingested_at": constant(F.lit(intent.planned_at).cast("timestamp")),
-            ERROR_COLUMN: cols.error, "_event_id": cols.event_id})
+            # Guarded: dedup below reads this error for every record, so still checks each.
+            ERROR_COLUMN: cols.error if guarded is None else guarded_error(guarded, cols.error),
+            "_event_id": cols.event_id}
+        if cols.txn is not None:
+            added[TXN_COLUMN] = cols.txn
+        checked = read.withColumns(added)
         if pipeline.dedup is not None:
             checked = flag_duplicates(spark, pipeline, intent, checked, dedup_table or pipeline.target)
-        if cols.txn is not None:
-            checked = checked.withColumn(TXN_COLUMN, cols.txn)
         return checked
 
     good_columns = list(cols.good)
-    flag: Column | None = None
+    flag: Guard | None = None
     if pipeline.transactions.atomic:
         txn = F.col(TXN_COLUMN)
-        flag = guard(txn, listed)
+        flag = guard(listed, cols.guard)
         if intent.released:
             txn = F.when(txn.isNotNull(), txn.withField("released", txn["id"].isin(*intent.released)))
         good_columns.append(txn.alias(TXN_COLUMN))

@@ -270,6 +270,8 @@ def test_the_planning_scan_reads_headers_as_the_table_column_does(spark, kafka_b
                                                                   topic_factory) -> None:
     """The cut (librdkafka, Python) and ``_tidemark_txn`` (Spark) read the relay's headers alike,
     malformed and foreign ones included; they must, or a cut could disagree with the audit."""
+    from pyspark.sql import functions as F
+
     from connectors.kafka_config import spark_options
     from connectors.range_reader import headed_records
     from offsets.ledger import Intent, Range, now_utc
@@ -334,13 +336,13 @@ def test_the_planning_scan_reads_headers_as_the_table_column_does(spark, kafka_b
                for _, _, offset, _, headers in headed_records({"bootstrap.servers": kafka_bootstrap},
                                                               [(topic, 0, 0, end)])}
     intent = Intent(pipeline.name, 1, "w", now_utc(), (Range(topic, 0, 0, end),))
-    t = txn_struct()
+    t, g = txn_struct(), guard()
     read = read_ranges(spark, spark_options(_kafka(kafka_bootstrap), kafka_bootstrap), intent)
     assert spark.catalog.functionExists("tidemark_txn_headers")
     # from_json alone, and Tidemark's reader of the relay's form: the same column.
     slow, rows = [(read.withColumn(HEADERS_COLUMN, txn_headers(pipeline, fast=fast))
                    .select("offset", t["id"].alias("id"), t["position"].alias("position"),
-                           t["expected"].alias("expected"), HEADERS_COLUMN, guard(t).alias("flagged"),
+                           t["expected"].alias("expected"), HEADERS_COLUMN, F.when(g.tripped, g.why).alias("flagged"),
                            header(H.EVENT_ID).alias("event_id"))
                    .orderBy("offset").collect()) for fast in (False, True)]
     assert [tuple(r) for r in rows] == [tuple(r) for r in slow]
