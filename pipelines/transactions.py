@@ -113,7 +113,9 @@ def txn_headers(pipeline: PipelineConfig, fast: bool = False) -> Column:
     else:
         mine = F.map_filter(counts, lambda k, v: k.isin(*pipeline.topics))
         spec = "L" + "\x01".join(pipeline.topics)
-    counted = F.aggregate(F.map_values(mine), F.lit(0), lambda acc, x: acc + x)
+    # try_add: counts whose sum leaves INT (no relay writes them) are unreadable, so null; with
+    # `+` Spark's ANSI mode failed the batch's job on them, and every retry of it again.
+    counted = F.aggregate(F.map_values(mine), F.lit(0), lambda acc, x: F.try_add(acc, x))
     event = event_header(pipeline)
     if fast:
         # One pass over the headers; `counted` (from_json) only for counts not in the relay's form.
@@ -162,17 +164,35 @@ def _int(raw: bytes | None) -> int | None:
     return value if -(2**31) <= value < 2**31 else None
 
 
-def _counts(raw: bytes | None) -> dict[str, int] | None:
-    """``from_json(counts, 'map<string,int>')``: an object of whole numbers, else None."""
+def _counts(raw: bytes | None) -> list[tuple[str, int]] | None:
+    """``from_json(counts, 'map<string,int>')``: an object of whole numbers, else None; its pairs
+    in order, a repeated key's each (Spark's map keeps them all, and sums them all)."""
     if raw is None:
         return None
     try:
-        data = json.loads(raw)
+        data = json.loads(raw, object_pairs_hook=_Pairs)
     except ValueError:
         return None
-    if not isinstance(data, dict) or not all(type(v) is int and -(2**31) <= v < 2**31 for v in data.values()):
+    if not isinstance(data, _Pairs) or not all(type(v) is int and -(2**31) <= v < 2**31 for _, v in data):
         return None
-    return data
+    return list(data)
+
+
+class _Pairs(list[tuple[str, Any]]):
+    """A JSON object as :func:`json.loads` reads it with this hook: its pairs, repeats kept."""
+
+
+def _counted(pairs: list[tuple[str, int]]) -> dict[str, int] | None:
+    """Per topic, the counts of ``pairs`` summed in order as ``try_add`` sums them: None once a
+    partial sum leaves INT (the column's ``counted`` is then null)."""
+    total = 0
+    here: dict[str, int] = {}
+    for topic, n in pairs:
+        total += n
+        if not -(2**31) <= total < 2**31:
+            return None
+        here[topic] = here.get(topic, 0) + n
+    return here
 
 
 def guard(listed: RelayRanges = (), base: Guard | None = None) -> Guard:
@@ -249,7 +269,7 @@ def _shared(txid: bytes | None, lsn: bytes | None, size_raw: bytes | None, count
     if txid is None or lsn is None or size is None or size <= 0:
         return None
     counts = _counts(counts_raw)
-    here = None if counts is None else {topic: n for topic, n in counts.items() if mine(topic)}
+    here = None if counts is None else _counted([(topic, n) for topic, n in counts if mine(topic)])
     expected = size if here is None else sum(here.values())
     return f"{lsn.decode('utf-8', 'replace')}/{txid.decode('utf-8', 'replace')}", expected, here
 

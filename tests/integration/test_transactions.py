@@ -309,6 +309,9 @@ def test_the_planning_scan_reads_headers_as_the_table_column_does(spark, kafka_b
         [*good, (H.TOPIC_COUNTS, json.dumps({topic: 2}, separators=(",", ":")).replace("-", r"\u002d", 1).encode())],
         [*good, (H.TOPIC_COUNTS, b"{}")],                                     # nothing anywhere
         [*good, (H.TOPIC_COUNTS, f'{{"{topic}":2,}}'.encode())],              # a trailing comma
+        [*good, (H.TOPIC_COUNTS, f'{{"{topic}":1,"{topic}":1}}'.encode())],   # a repeated key: both count
+        # a sum past INT: unreadable (all 3 expected), where Spark's `+` failed the whole batch:
+        [*good, (H.TOPIC_COUNTS, f'{{"{topic}":2000000000,"{topic}":2000000000}}'.encode())],
         [(H.TXID, b"7"), (H.LSN, b"0/A"), (H.POSITION, b" 2 "), (H.SIZE, b"+3")],  # signs, spaces
         [(H.TXID, b"7"), (H.LSN, b"0/A"), (H.POSITION, b"x"), (H.SIZE, b"3")],      # bad position
         [(H.TXID, b"7"), (H.LSN, b"0/A"), (H.POSITION, b"0"), (H.SIZE, b"0")],      # size 0
