@@ -87,11 +87,14 @@ def event_header(pipeline: PipelineConfig) -> str | None:
 def txn_headers(pipeline: PipelineConfig, fast: bool = False) -> Column:
     """``_tidemark_headers``: the record's source transaction as the relay's headers give it.
 
-    A struct of ``id`` (``<lsn>/<txid>``), ``position`` and ``size`` (``try_cast`` to INT),
-    ``source`` (text), ``counted``: the sum of ``topic_counts`` over this pipeline's
-    topics (null when the header is missing or unreadable), and ``event``: the pipeline's
-    event id header as :func:`header` reads it (null if its event id is not a header), so
-    that a G3 pipeline reads each record's headers once, not once more for the event id.
+    A struct of ``txn``: the record's ``_tidemark_txn`` (:func:`txn_struct`) before any
+    release, null unless the relay's headers give it an id (``<lsn>/<txid>``), a position
+    and a size above 0 (``try_cast`` to INT); its ``expected`` is the sum of
+    ``topic_counts`` over this pipeline's topics, or the size when that header is missing or
+    unreadable. Then ``source`` (text), which :func:`guard` compares, and ``event``: the
+    pipeline's event id header as :func:`header` reads it (null if its event id is not a
+    header), so that a G3 pipeline reads each record's headers once, not once more for the
+    event id.
     Read with ``from_json`` and higher-order functions, which Spark evaluates interpreted, it was G3's largest
     per-record cost; so with ``fast`` (the session has Tidemark's functions,
     ``infra.udfs``) one pass over the headers, ``tidemark_txn_headers``, reads them all and
@@ -121,33 +124,21 @@ def txn_headers(pipeline: PipelineConfig, fast: bool = False) -> Column:
         # One pass over the headers; `counted` (from_json) only for counts not in the relay's form.
         return F.call_function("tidemark_txn_headers", F.col("headers"), F.lit(spec), F.lit(H.TOPIC_COUNTS),
                                counted, *[F.lit(h) for h in (*_TXN_HEADERS, *([event] if event is not None else []))])
+    txn_id = F.concat(header(H.LSN), F.lit("/"), header(H.TXID))
+    position, size = header(H.POSITION).try_cast("int"), header(H.SIZE).try_cast("int")
+    txn = F.when(txn_id.isNotNull() & position.isNotNull() & (size > 0), F.struct(
+        txn_id.alias("id"), position.alias("position"), size.alias("size"),
+        F.coalesce(counted, size).alias("expected"), F.lit(False).alias("released")))
     return F.when(F.size("headers") > 0, F.struct(
-        F.concat(header(H.LSN), F.lit("/"), header(H.TXID)).alias("id"),
-        header(H.POSITION).try_cast("int").alias("position"), header(H.SIZE).try_cast("int").alias("size"),
-        header(H.SOURCE).alias("source"), counted.alias("counted"),
+        txn.alias("txn"), header(H.SOURCE).alias("source"),
         (header(event) if event is not None else F.lit(None).cast("string")).alias("event")))
-
-
-def _valid(h: Column) -> Column:
-    """Whether the headers ``h`` (:func:`txn_headers`) name a source transaction: else the record is its own."""
-    return h["id"].isNotNull() & h["position"].isNotNull() & (h["size"] > 0)
-
-
-def _expected(h: Column) -> Column:
-    """How many of the transaction's events this pipeline expects: without a readable per-topic count, every one."""
-    from pyspark.sql import functions as F
-
-    return F.coalesce(h["counted"], h["size"])
 
 
 def txn_struct() -> Column:
     """``_tidemark_txn`` of a row with :func:`txn_headers`: (id, position, size, expected, released=false), or null."""
     from pyspark.sql import functions as F
 
-    h = F.col(HEADERS_COLUMN)
-    return F.when(_valid(h), F.struct(
-        h["id"].alias("id"), h["position"].alias("position"), h["size"].alias("size"),
-        _expected(h).alias("expected"), F.lit(False).alias("released")))
+    return F.col(HEADERS_COLUMN)["txn"]
 
 
 _INT = re.compile(r"\s*[+-]?[0-9]+\s*")
@@ -205,16 +196,15 @@ def guard(listed: RelayRanges = (), base: Guard | None = None) -> Guard:
     nothing to cut. ``base``: ``guard()`` built before (a pipeline keeps it: each column is
     a py4j round trip), to which only ``listed`` is added.
 
-    Read from the headers, each once, not from ``_tidemark_txn``: Spark repeats a
-    conditional struct's test for each field read from it.
     """
     from pyspark.sql import functions as F
 
     h = F.col(HEADERS_COLUMN)
     if base is None:
-        base = Guard(tripped=F.coalesce(_valid(h) & (_expected(h) > 1), F.lit(False)), why=F.concat(
+        txn = h["txn"]
+        base = Guard(tripped=F.coalesce(txn["expected"] > 1, F.lit(False)), why=F.concat(
             F.lit("record "), F.col("topic"), F.lit(":"), F.col("partition").cast("string"), F.lit("@"),
-            F.col("offset").cast("string"), F.lit(" belongs to multi-event source transaction "), h["id"]))
+            F.col("offset").cast("string"), F.lit(" belongs to multi-event source transaction "), txn["id"]))
     if not listed:
         return base
     # `tidemark.source` is `<relay>:<16 hex digits of the commit LSN>`: text order is commit order.

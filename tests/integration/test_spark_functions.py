@@ -272,13 +272,21 @@ def test_txn_headers_refuses_what_it_cannot_read(spark) -> None:  # type: ignore
     def pair(key: str, value: str):  # type: ignore[no-untyped-def]
         return F.struct(F.lit(key).alias("key"), F.lit(value).cast("binary").alias("value"))
 
+    def txn(*more):  # type: ignore[no-untyped-def]
+        read = call(F.array(pair("txid", "7"), pair("lsn", "0/A"), pair("position", " 1 "), *more), F.lit("Lt"),
+                    *names)[0][0]
+        return read["txn"].asDict() if read["txn"] is not None else None
+
+    # An unreadable size: not a transaction's event (its own). Without counts, every event expected here;
+    # with them in the relay's form, this pipeline's; in another form, the fallback's answer (0 here).
+    assert txn(pair("size", "x")) is None
+    assert txn(pair("size", "3")) == {"id": "0/A/7", "position": 1, "size": 3, "expected": 3, "released": False}
+    assert txn(pair("size", "3"), pair("counts", '{"t":2,"u":1}'))["expected"] == 2
+    assert txn(pair("size", "3"), pair("counts", '{"t": 2}'))["expected"] == 0
     headers = F.array(pair("txid", "7"), pair("lsn", "0/A"), pair("position", " 1 "), pair("size", "x"))
-    assert call(headers, F.lit("Lt"), *names)[0][0].asDict() == {
-        "id": "0/A/7", "position": 1, "size": None, "source": None, "counted": None, "event": None}
     # The event id's header, when named, in the same pass: the first value, as text.
     assert call(F.array(pair("id", "e-1"), pair("txid", "7"), pair("id", "e-2")), F.lit("Lt"), *names,
-                F.lit("id"))[0][0].asDict() == {
-        "id": None, "position": None, "size": None, "source": None, "counted": None, "event": "e-1"}
+                F.lit("id"))[0][0].asDict() == {"txn": None, "source": None, "event": "e-1"}
     # A header that is also a transaction header fills both fields; a null first value is the answer.
     assert call(headers, F.lit("Lt"), *names, F.lit("txid"))[0][0].asDict()["event"] == "7"
     null_first = F.array(F.struct(F.lit("id").alias("key"), F.lit(None).cast("binary").alias("value")),

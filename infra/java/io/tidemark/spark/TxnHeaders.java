@@ -20,17 +20,25 @@ import scala.runtime.AbstractFunction1;
  * {@code tidemark_txn_headers(headers, topics, counts_header, fallback, txid, lsn, position, size, source[, event])}:
  * a record's source transaction, and its event id, read from its Kafka headers in one pass.
  *
- * <p>The result is a struct: {@code id}, the first {@code lsn} and {@code txid} header values
- * joined as {@code <lsn>/<txid>} (null without either); {@code position} and {@code size}, the
- * first values of those headers read as {@code try_cast(... AS INT)} reads text (null when
- * missing or unreadable); {@code source}, the first value of that header as text; then
- * {@code counted}: what {@link TopicCount} reads from the first {@code counts_header} for the
- * pipeline's {@code topics} (null without one). When that header is not in the relay's form,
- * the {@code fallback} expression (from_json's answer, built by the caller) is evaluated for
- * the record instead; only then. Last, {@code event}: the first value of the {@code event} header
- * as text, as {@code pipelines.transactions.header} reads it (null when the argument is not
- * given): a G3 pipeline's event id then costs no second look at the headers. Records with no
- * headers give null.
+ * <p>The result is a struct. {@code txn}: the record's {@code _tidemark_txn} as
+ * pipelines/transactions.py defines it, a struct of {@code id} (the first {@code lsn} and
+ * {@code txid} header values joined as {@code <lsn>/<txid>}), {@code position} and
+ * {@code size} (the first values of those headers read as {@code try_cast(... AS INT)} reads
+ * text), {@code expected} and {@code released} (false); null unless the id, the position and
+ * a size above 0 are all there (the record is then its own transaction). {@code expected} is
+ * what {@link TopicCount} reads from the first {@code counts_header} for the pipeline's
+ * {@code topics}, or the size without one; when that header is not in the relay's form, the
+ * {@code fallback} expression (from_json's answer, built by the caller) is evaluated for the
+ * record instead, only then, and a null from it also means the size. Then {@code source}, the
+ * first value of that header as text, which the write's guard compares; last {@code event}:
+ * the first value of the {@code event} header as text, as
+ * {@code pipelines.transactions.header} reads it (null when the argument is not given): a G3
+ * pipeline's event id then costs no second look at the headers. Records with no headers give
+ * null.
+ *
+ * <p>The transaction leaves whole: the write's projection copies it as one block, and the
+ * guard reads one field of it (docs/benchmarks.md, session 42). Built from the headers' fields
+ * in Spark instead, the struct's test was repeated for each field read from it.
  *
  * <p>Why: each header looked up with Spark's own functions ({@code headers.key},
  * {@code array_position}, {@code headers.value}, {@code get}) copies the record's header keys
@@ -64,12 +72,16 @@ public final class TxnHeaders extends TidemarkExpression {
      * The result's fields, in order: the headers named by the arguments fill {@code id} to
      * {@code source} and, when given, {@code event}.
      */
-    private static final StructType TYPE = DataTypes.createStructType(new StructField[] {
+    private static final StructType TXN = DataTypes.createStructType(new StructField[] {
         DataTypes.createStructField("id", DataTypes.StringType, true),
         DataTypes.createStructField("position", DataTypes.IntegerType, true),
         DataTypes.createStructField("size", DataTypes.IntegerType, true),
+        DataTypes.createStructField("expected", DataTypes.IntegerType, true),
+        DataTypes.createStructField("released", DataTypes.BooleanType, false)});
+
+    private static final StructType TYPE = DataTypes.createStructType(new StructField[] {
+        DataTypes.createStructField("txn", TXN, true),
         DataTypes.createStructField("source", DataTypes.StringType, true),
-        DataTypes.createStructField("counted", DataTypes.IntegerType, true),
         DataTypes.createStructField("event", DataTypes.StringType, true)});
 
     /**
@@ -216,15 +228,14 @@ public final class TxnHeaders extends TidemarkExpression {
                 }
             }
         }
-        UTF8String counts = values[COUNTS];
-        Object[] result = new Object[6];
-        result[5] = values[EVENT];
-        if (values[LSN] != null && values[TXID] != null) {
-            result[0] = UTF8String.concat(values[LSN], SLASH, values[TXID]);
+        Object[] result = new Object[] {null, values[SOURCE], values[EVENT]};
+        Integer position = integer(values[POSITION]);
+        Integer size = integer(values[SIZE]);
+        if (values[LSN] == null || values[TXID] == null || position == null || size == null || size <= 0) {
+            return new GenericInternalRow(result);  // not a transaction's event: its own
         }
-        result[1] = integer(values[POSITION]);
-        result[2] = integer(values[SIZE]);
-        result[3] = values[SOURCE];
+        Object expected = size;
+        UTF8String counts = values[COUNTS];
         if (counts != null) {
             Integer known = found.counted.get(counts);
             int counted = known != null ? known : TopicCount.count(counts.toString(), found.topics);
@@ -234,8 +245,13 @@ public final class TxnHeaders extends TidemarkExpression {
                 }
                 found.counted.put(counts.copy(), counted);  // a view's bytes change with the next record
             }
-            result[4] = counted == -1 ? fallback.eval(row) : (Object) counted;
+            Object read = counted == -1 ? fallback.eval(row) : (Object) counted;
+            if (read != null) {
+                expected = read;
+            }
         }
+        result[0] = new GenericInternalRow(new Object[] {
+            UTF8String.concat(values[LSN], SLASH, values[TXID]), position, size, expected, false});
         return new GenericInternalRow(result);
     }
 
