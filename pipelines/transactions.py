@@ -195,7 +195,6 @@ def guard(listed: RelayRanges = (), base: Guard | None = None) -> Guard:
     :func:`scan` would keep, so a batch that passes is one whose scan would have found
     nothing to cut. ``base``: ``guard()`` built before (a pipeline keeps it: each column is
     a py4j round trip), to which only ``listed`` is added.
-
     """
     from pyspark.sql import functions as F
 

@@ -68,10 +68,7 @@ public final class TxnHeaders extends TidemarkExpression {
         DataTypes.createStructField("key", DataTypes.StringType, true),
         DataTypes.createStructField("value", DataTypes.BinaryType, true)}));
 
-    /**
-     * The result's fields, in order: the headers named by the arguments fill {@code id} to
-     * {@code source} and, when given, {@code event}.
-     */
+    /** The type of a target's {@code _tidemark_txn} column, which {@code txn} is. */
     private static final StructType TXN = DataTypes.createStructType(new StructField[] {
         DataTypes.createStructField("id", DataTypes.StringType, true),
         DataTypes.createStructField("position", DataTypes.IntegerType, true),
@@ -79,6 +76,10 @@ public final class TxnHeaders extends TidemarkExpression {
         DataTypes.createStructField("expected", DataTypes.IntegerType, true),
         DataTypes.createStructField("released", DataTypes.BooleanType, false)});
 
+    /**
+     * The result's fields, in order: {@code txn} (from the headers named {@code txid} to
+     * {@code size} and the counts), {@code source} and, when given, {@code event}.
+     */
     private static final StructType TYPE = DataTypes.createStructType(new StructField[] {
         DataTypes.createStructField("txn", TXN, true),
         DataTypes.createStructField("source", DataTypes.StringType, true),
