@@ -264,7 +264,8 @@ def _frame_columns(spark: SparkSession, pipeline: PipelineConfig) -> FrameColumn
             # `_UTF8` is true where the parse read the value in its own pass, which takes strict
             # UTF-8 only: most records then skip the separate check, and a copy of their value.
             flagged = StructType([*parse_schema.fields, StructField(_UTF8, BooleanType())])
-            first["_parsed"] = F.call_function("tidemark_from_json", F.col("value").cast("string"),
+            # The bytes, not `cast(value as string)`, which copies each value once more (session 43).
+            first["_parsed"] = F.call_function("tidemark_from_json", F.col("value"),
                                                F.lit(flagged.json()), F.lit(_CORRUPT), F.lit(_UTF8))
             valid_utf8 = F.coalesce(F.col(f"_parsed.{_UTF8}"), valid_utf8)
         else:

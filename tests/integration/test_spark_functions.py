@@ -127,11 +127,15 @@ def test_json_parse_from_bytes_gives_from_json_answers(spark) -> None:  # type: 
     # With a utf8 column (pipelines.transform), the same row and the column true only where PlainJson read it.
     flagged = F.call_function("tidemark_from_json", F.col("s"), F.lit(ddl + ", _ok BOOLEAN"), F.lit("_bad"),
                               F.lit("_ok"))
+    # Given the bytes themselves (as the ingest does), the same answers.
+    from_bytes = F.call_function("tidemark_from_json", F.col("value"), F.lit(ddl), F.lit("_bad"))
     rows = df.select(
         "value", F.to_json(F.struct(theirs.alias("p"))).alias("spark"), F.to_json(F.struct(mine.alias("p"))).alias("ours"),
         theirs["_bad"].alias("spark_bad"), mine["_bad"].alias("ours_bad"), flagged["_ok"].alias("ok"),
-        F.to_json(F.struct(flagged.dropFields("_ok").alias("p"))).alias("flagged")).collect()
+        F.to_json(F.struct(flagged.dropFields("_ok").alias("p"))).alias("flagged"),
+        F.to_json(F.struct(from_bytes.alias("p"))).alias("from_bytes")).collect()
     assert all(r.flagged == r.ours for r in rows)
+    assert all(r.from_bytes == r.ours for r in rows)
     assert all(r.ok is None or (r.ok and _python_valid(bytes(r.value))) for r in rows)
     assert sum(1 for r in rows if r.ok) > 1000
     # A corrupt record is quarantined whole (pipelines.transform), so of two corrupt answers only the
@@ -146,6 +150,30 @@ def test_json_parse_from_bytes_gives_from_json_answers(spark) -> None:  # type: 
     assert parsed > 500 and corrupt > 1000, (parsed, corrupt)  # both kinds of answer were compared
     assert spark.range(1).select(F.call_function("tidemark_from_json", F.lit('{"id": "x"}'), F.lit(ddl), F.lit("_bad"))
                                  .alias("p")).first().p.id == "x"
+
+
+def test_json_parse_of_a_value_inside_its_row_reads_nothing_after_it(spark) -> None:  # type: ignore[no-untyped-def]
+    """tidemark_from_json reads a binary value where it lies in the input row, whose next field's
+    bytes follow it: a value cut short must not be completed by them (a cut at a multiple of 8
+    bytes leaves no padding between the two), nor a whole one lengthened."""
+    from pyspark.sql import functions as F
+
+    ddl = "id STRING, n BIGINT, x DOUBLE, ok BOOLEAN, tags ARRAY<STRING>, inner STRUCT<a: INT, b: STRING>, _bad STRING"
+    texts = [b'{"id": "abcdefgh", "n": 1234567, "x": 1.5, "ok": true, "tags": ["p", "q"], "inner": {"a": 1, "b": "z"}}',
+             '{"id": "Zo\\u00eb \\ud83d\\ude00 é✓😀", "x": -2.5e3, "ok": false, "other": [1, {"k": null}]}'.encode(),
+             b'{"n": 1}', b'{"id": "x"}    ', b'{"tags": []}    ']
+    rows = [(t[:cut], t[cut:]) for t in texts for cut in range(8, len(t) + 1, 8)]
+    assert any(b"{" in tail for _, tail in rows) and any(value in texts for value, _ in rows)
+    df = spark.createDataFrame(rows, "value BINARY, tail BINARY").repartition(1)  # rows as Spark's own, UnsafeRow
+    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_bad"}
+    got = df.select("value", "tail", F.to_json(F.struct(F.from_json(F.col("value").cast("string"), ddl, options)
+                                                        .alias("p"))).alias("spark"),
+                    F.to_json(F.struct(F.call_function("tidemark_from_json", F.col("value"), F.lit(ddl), F.lit("_bad"))
+                                       .alias("p"))).alias("ours")).collect()
+    assert len(got) == len(rows)
+    wrong = [(bytes(r.value), bytes(r.tail), r.spark, r.ours) for r in got if r.spark != r.ours]
+    assert not wrong, "\n".join(map(repr, wrong[:10]))
+    assert sum(1 for r in got if '"_bad"' in r.ours) > 10  # the cut values were read, and refused
 
 
 def _plain_json_edge() -> list[bytes]:

@@ -8,8 +8,10 @@ import java.io.UncheckedIOException;
 import java.nio.ByteBuffer;
 import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.catalyst.expressions.BoundReference;
 import org.apache.spark.sql.catalyst.expressions.Expression;
 import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 import org.apache.spark.sql.catalyst.json.CreateJacksonParser;
 import org.apache.spark.sql.catalyst.json.JSONOptions;
 import org.apache.spark.sql.catalyst.json.JacksonParser;
@@ -53,8 +55,9 @@ import scala.runtime.AbstractFunction2;
  * <p>Most records never reach Jackson: {@link PlainJson} reads an ordinary object in one pass
  * over its bytes and hands back (to the parser above) whatever it cannot be sure of.
  *
- * <p>Registered by infra/udfs.py as {@code tidemark_from_json(value_string, schema,
- * corrupt_column[, utf8_column])}, the schema as DDL or in Spark's JSON form, naming {@code
+ * <p>Registered by infra/udfs.py as {@code tidemark_from_json(value, schema,
+ * corrupt_column[, utf8_column])}, the value a string or the Kafka value's bytes (binary: read
+ * where they lie in the input row, where {@code cast(value as string)} copies them), the schema as DDL or in Spark's JSON form, naming {@code
  * corrupt_column} as a string field (as from_json's PERMISSIVE mode requires). With {@code
  * utf8_column}, the schema's last field and a boolean, rows that {@link PlainJson} read have
  * it true (their value is strict UTF-8, so the ingest skips its own check) and others null.
@@ -105,6 +108,11 @@ public final class JsonFromBytes extends TidemarkExpression {
                 throw new IllegalArgumentException(NAME + ": the schema must be a struct, not " + given.simpleString());
             }
             StructType schema = (StructType) given;
+            DataType input = args.apply(0).dataType();
+            if (!input.equals(DataTypes.StringType) && !input.equals(DataTypes.BinaryType)) {
+                throw new IllegalArgumentException(NAME + ": the value must be a string or binary, not "
+                        + input.simpleString());
+            }
             boolean named = false;
             for (StructField field : schema.fields()) {
                 named |= field.name().equals(corrupt);
@@ -202,11 +210,21 @@ public final class JsonFromBytes extends TidemarkExpression {
 
     @Override
     public Object eval(InternalRow row) {
-        Object input = child.eval(row);
-        if (input == null) {
-            return null;
+        UTF8String value;
+        if (child instanceof BoundReference ref && row instanceof UnsafeRow) {
+            // A view of the row's bytes, binary or string alike (a binary's BoundReference copies
+            // them): the parse's answer is copied out before the row's buffer is reused.
+            if (row.isNullAt(ref.ordinal())) {
+                return null;
+            }
+            value = row.getUTF8String(ref.ordinal());
+        } else {
+            Object input = child.eval(row);
+            if (input == null) {
+                return null;
+            }
+            value = input instanceof byte[] bytes ? UTF8String.fromBytes(bytes) : (UTF8String) input;
         }
-        UTF8String value = (UTF8String) input;
         if (plainUtf8(value)) {
             if (plain == null) {
                 plain = new PlainJson(schema, corrupt, checked);

@@ -16,6 +16,7 @@ import org.apache.spark.sql.types.IntegerType;
 import org.apache.spark.sql.types.LongType;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
+import org.apache.spark.unsafe.Platform;
 import org.apache.spark.unsafe.types.UTF8String;
 
 /**
@@ -155,9 +156,26 @@ public final class PlainJson {
 
     /** The row {@code from_json} gives for this UTF-8 text, or {@code null} when Spark's parser must decide. */
     InternalRow parse(UTF8String value) {
-        byte[] bytes = value.getBytes(); // the string's own array when it has one to itself, else a copy
+        // The bytes where they lie (often inside the input row's buffer: no copy of the value per
+        // record, docs/benchmarks.md, session 43), else a copy. A truncated value's reads then run
+        // on into the bytes after it, but none is ever accepted: a value is answered only when the
+        // cursor, which only moves forward, stops exactly at `end` after the root's closing brace.
+        // A byte read ahead of the cursor (a literal, an escape, a UTF-8 sequence) is passed over
+        // or ends the reading, so one read past `end` leaves the cursor past it; once the cursor
+        // is at `end` or beyond, the closing brace still to come lies there too. A read past the
+        // array itself throws, which is unsure as before.
+        Object base = value.getBaseObject();
+        byte[] bytes;
+        int from;
+        if (base instanceof byte[] array) {
+            bytes = array;
+            from = Math.toIntExact(value.getBaseOffset() - Platform.BYTE_ARRAY_OFFSET);
+        } else {
+            bytes = value.getBytes();
+            from = 0;
+        }
         try {
-            Cursor c = new Cursor(bytes);
+            Cursor c = new Cursor(bytes, from, from + value.numBytes());
             c.space();
             if (c.at >= c.end || bytes[c.at] != '{') {
                 return null;
@@ -183,9 +201,11 @@ public final class PlainJson {
         int at;
         int keys;
 
-        Cursor(byte[] bytes) {
+        /** Over {@code bytes[from, to)}. */
+        Cursor(byte[] bytes, int from, int to) {
             b = bytes;
-            end = bytes.length;
+            at = from;
+            end = to;
         }
 
         void space() {
