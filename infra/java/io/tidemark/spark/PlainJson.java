@@ -157,13 +157,13 @@ public final class PlainJson {
     /** The row {@code from_json} gives for this UTF-8 text, or {@code null} when Spark's parser must decide. */
     InternalRow parse(UTF8String value) {
         // The bytes where they lie (often inside the input row's buffer: no copy of the value per
-        // record, docs/benchmarks.md, session 43), else a copy. A truncated value's reads then run
-        // on into the bytes after it, but none is ever accepted: a value is answered only when the
-        // cursor, which only moves forward, stops exactly at `end` after the root's closing brace.
-        // A byte read ahead of the cursor (a literal, an escape, a UTF-8 sequence) is passed over
-        // or ends the reading, so one read past `end` leaves the cursor past it; once the cursor
-        // is at `end` or beyond, the closing brace still to come lies there too. A read past the
-        // array itself throws, which is unsure as before.
+        // record, docs/benchmarks.md, session 43), else a copy. The bytes after the value may be
+        // another field's, so the loops that find a token's end (a key, a string, a number)
+        // stop at `end`; a number cut short there (`1e` with `5}` after it) is unsure, not read
+        // on into its neighbour. Any other read past `end` leaves the cursor past it or ends the
+        // reading, and a value is answered only when the cursor, which only moves forward,
+        // stops exactly at `end` after the root's closing brace: no byte past the end is ever
+        // part of an answer. A read past the array itself throws, which is unsure as before.
         Object base = value.getBaseObject();
         byte[] bytes;
         int from;
@@ -189,8 +189,8 @@ public final class PlainJson {
                 row.setBoolean(checked, true);
             }
             return row;
-        } catch (Unsure | ArrayIndexOutOfBoundsException e) {
-            return null;
+        } catch (Unsure | ArrayIndexOutOfBoundsException | NumberFormatException e) {
+            return null; // the last: Double.parseDouble on a token the grammar above let through (none known)
         }
     }
 
@@ -248,8 +248,14 @@ public final class PlainJson {
                 space();
                 expect((byte) '"');
                 int start = at;
-                while (b[at] != '"') {
+                while (true) {
+                    if (at >= end) {
+                        throw UNSURE;
+                    }
                     int x = b[at];
+                    if (x == '"') {
+                        break;
+                    }
                     if (x == '\\' || (x >= 0 && x < 0x20)) {
                         throw UNSURE; // an escaped key (rare), or a control character
                     }
@@ -488,6 +494,9 @@ public final class PlainJson {
             if (b[at] == '-') {
                 at++;
             }
+            if (at >= end) {
+                throw UNSURE;
+            }
             if (b[at] == '0') {
                 at++;
             } else if (b[at] >= '1' && b[at] <= '9') {
@@ -506,7 +515,7 @@ public final class PlainJson {
             if (at < end && (b[at] == 'e' || b[at] == 'E')) {
                 fraction = true;
                 at++;
-                if (b[at] == '+' || b[at] == '-') {
+                if (at < end && (b[at] == '+' || b[at] == '-')) {
                     at++;
                 }
                 digits();
@@ -561,7 +570,7 @@ public final class PlainJson {
         }
 
         void digits() {
-            if (!(b[at] >= '0' && b[at] <= '9')) {
+            if (at >= end || !(b[at] >= '0' && b[at] <= '9')) {
                 throw UNSURE;
             }
             while (at < end && b[at] >= '0' && b[at] <= '9') {
@@ -576,6 +585,9 @@ public final class PlainJson {
                 if (at + 8 <= end && plainEight((long) LONGS.get(b, at))) {
                     at += 8;
                     continue;
+                }
+                if (at >= end) {
+                    throw UNSURE;
                 }
                 int x = b[at];
                 if (x == '"') {
@@ -606,6 +618,9 @@ public final class PlainJson {
             java.io.ByteArrayOutputStream out = new java.io.ByteArrayOutputStream(Math.max(16, (at - start) * 2));
             out.write(b, start, at - start);
             while (true) {
+                if (at >= end) {
+                    throw UNSURE;
+                }
                 int x = b[at];
                 if (x == '"') {
                     at++;
