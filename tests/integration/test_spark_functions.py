@@ -162,7 +162,8 @@ def test_json_parse_of_a_value_inside_its_row_reads_nothing_after_it(spark) -> N
            "d ARRAY<DOUBLE>, _bad STRING")
     # The first five end a number's exponent where the cut falls (found by review: a parse that
     # took the next field's digits as the exponent's failed the task instead of handing back).
-    texts = [b'{"x": 1e5}', b'{"x": 1e+5}', b'{"x":-1E-2}', b'{"d":[1e3]}', b'{"x": 1.5}',b'{"id": "abcdefgh", "n": 1234567, "x": 1.5, "ok": true, "tags": ["p", "q"], "inner": {"a": 1, "b": "z"}}',
+    texts = [b'{"x": 1e5}', b'{"x": 1e+5}', b'{"x":-1E-2}', b'{"d":[1e3]}', b'{"x": 1.5}',
+             b'{"id": "abcdefgh", "n": 1234567, "x": 1.5, "ok": true, "tags": ["p", "q"], "inner": {"a": 1, "b": "z"}}',
              '{"id": "Zo\\u00eb \\ud83d\\ude00 é✓😀", "x": -2.5e3, "ok": false, "other": [1, {"k": null}]}'.encode(),
              b'{"n": 1}', b'{"id": "x"}    ', b'{"tags": []}    ']
     rows = [(t[:cut], t[cut:]) for t in texts for cut in range(8, len(t) + 1, 8)]

@@ -56,11 +56,12 @@ import scala.runtime.AbstractFunction2;
  * over its bytes and hands back (to the parser above) whatever it cannot be sure of.
  *
  * <p>Registered by infra/udfs.py as {@code tidemark_from_json(value, schema,
- * corrupt_column[, utf8_column])}, the value a string or the Kafka value's bytes (binary: read
- * where they lie in the input row, where {@code cast(value as string)} copies them), the schema as DDL or in Spark's JSON form, naming {@code
- * corrupt_column} as a string field (as from_json's PERMISSIVE mode requires). With {@code
- * utf8_column}, the schema's last field and a boolean, rows that {@link PlainJson} read have
- * it true (their value is strict UTF-8, so the ingest skips its own check) and others null.
+ * corrupt_column[, utf8_column])}: the value a string or the Kafka value's bytes (binary:
+ * read where they lie in the input row, where {@code cast(value as string)} copies them);
+ * the schema as DDL or in Spark's JSON form, naming {@code corrupt_column} as a string field
+ * (as from_json's PERMISSIVE mode requires). With {@code utf8_column}, the schema's last
+ * field and a boolean, rows that {@link PlainJson} read have it true (their value is strict
+ * UTF-8, so the ingest skips its own check) and others null.
  */
 public final class JsonFromBytes extends TidemarkExpression {
     private static final long serialVersionUID = 1L;
