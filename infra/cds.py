@@ -219,7 +219,7 @@ def _train(partial: Path) -> None:
             "offset LONG, value BINARY, headers ARRAY<STRUCT<key: STRING, value: BINARY>>")
         parsed = rows.selectExpr(
             "offset", "tidemark_is_valid_utf8(value) AS ok",
-            "from_json(cast(value AS STRING), 'order_id STRING, amount DOUBLE') AS v",
+            "tidemark_from_json(value, 'order_id STRING, amount DOUBLE, _bad STRING', '_bad') AS v",
             "named_struct('id', cast(offset AS STRING), 'size', size(headers)) AS t")
         for version in range(3):
             (parsed.write.format("delta").mode("append").option("txnAppId", "cds").option("txnVersion", version)

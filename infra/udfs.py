@@ -79,7 +79,7 @@ def build(home: Path) -> Path:
     delta_storage = [j for j in jar_cache.cached(home, "spark").jars if j.name.startswith("delta-storage-")]
     compile_against = ("spark-sql-api_*.jar", "spark-sql_2*.jar", "spark-catalyst_*.jar", "spark-unsafe_*.jar",
                        "spark-common-utils_*.jar", "scala-library-*.jar", "jackson-core-*.jar", "kryo-shaded-*.jar",
-                       "hadoop-client-api-*.jar")
+                       "hadoop-client-api-*.jar", "slf4j-api-*.jar")
     classpath = ":".join(str(j) for j in [*(j for pattern in compile_against for j in shipped.glob(pattern)),
                                           *delta_storage])
     with tempfile.TemporaryDirectory() as tmp:
