@@ -28,6 +28,7 @@ How it stays safe:
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -217,9 +218,13 @@ def _train(partial: Path) -> None:
         rows = spark.createDataFrame(
             [(i, f'{{"order_id":"o{i}","amount":{i}.5}}'.encode(), [("tidemark.txid", b"7")]) for i in range(200)],
             "offset LONG, value BINARY, headers ARRAY<STRUCT<key: STRING, value: BINARY>>")
+        # The parse as pipelines.transform calls it: the bytes, a JSON schema, a corrupt and a UTF-8 column.
+        flagged = json.dumps({"type": "struct", "fields": [
+            {"name": name, "type": kind, "nullable": True, "metadata": {}}
+            for name, kind in (("order_id", "string"), ("amount", "double"), ("_bad", "string"), ("_ok", "boolean"))]})
         parsed = rows.selectExpr(
             "offset", "tidemark_is_valid_utf8(value) AS ok",
-            "tidemark_from_json(value, 'order_id STRING, amount DOUBLE, _bad STRING', '_bad') AS v",
+            f"tidemark_from_json(value, '{flagged}', '_bad', '_ok') AS v",
             "named_struct('id', cast(offset AS STRING), 'size', size(headers)) AS t")
         for version in range(3):
             (parsed.write.format("delta").mode("append").option("txnAppId", "cds").option("txnVersion", version)

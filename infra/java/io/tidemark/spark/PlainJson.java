@@ -199,8 +199,9 @@ public final class PlainJson {
             return null;
         } catch (RuntimeException e) {
             // A failure this reader did not foresee (none known): Spark's parser decides, as for
-            // any record handed back, rather than the task failing on it at every retry. Counted
-            // and the first logged, so that it is seen; the tests hold the count at zero.
+            // any record handed back, rather than the task failing on it at every retry. The
+            // first in a JVM is logged, so that it is seen; all are counted, for the tests, which
+            // hold the count at zero.
             UNFORESEEN.increment();
             if (!LOGGED.getAndSet(true)) {
                 LOG.warn("tidemark_from_json's own reader failed on a record and handed it to Spark's parser; "
@@ -212,8 +213,10 @@ public final class PlainJson {
 
     /**
      * One record's reading position. Every read of a byte goes through {@link #peek}, or lies
-     * inside a token already read through it ({@code same}, {@code digitsOf}, {@code exactly},
-     * {@code utf8}, {@code ascii}; {@code string}'s eight-byte steps check {@code end} themselves).
+     * inside bytes already read through it: a key ({@code same}), a number ({@code digitsOf},
+     * {@code exactly}, {@code ascii}), a string ({@code utf8}, {@code escaped}'s copies), a
+     * non-ASCII character's first byte ({@code utf8Char}). {@code string}'s eight-byte steps
+     * check {@code end} themselves.
      */
     private static final class Cursor {
         final byte[] b;
