@@ -28,7 +28,6 @@ How it stays safe:
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -200,6 +199,7 @@ def _train(partial: Path) -> None:
     import shutil
 
     from pyspark import SparkContext
+    from pyspark.sql import types as T
 
     from infra.spark import build_session, spark_conf
     from tidemark.settings import settings
@@ -219,9 +219,8 @@ def _train(partial: Path) -> None:
             [(i, f'{{"order_id":"o{i}","amount":{i}.5}}'.encode(), [("tidemark.txid", b"7")]) for i in range(200)],
             "offset LONG, value BINARY, headers ARRAY<STRUCT<key: STRING, value: BINARY>>")
         # The parse as pipelines.transform calls it: the bytes, a JSON schema, a corrupt and a UTF-8 column.
-        flagged = json.dumps({"type": "struct", "fields": [
-            {"name": name, "type": kind, "nullable": True, "metadata": {}}
-            for name, kind in (("order_id", "string"), ("amount", "double"), ("_bad", "string"), ("_ok", "boolean"))]})
+        flagged = T.StructType([T.StructField("order_id", T.StringType()), T.StructField("amount", T.DoubleType()),
+                                T.StructField("_bad", T.StringType()), T.StructField("_ok", T.BooleanType())]).json()
         parsed = rows.selectExpr(
             "offset", "tidemark_is_valid_utf8(value) AS ok",
             f"tidemark_from_json(value, '{flagged}', '_bad', '_ok') AS v",

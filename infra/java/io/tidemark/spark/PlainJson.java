@@ -140,12 +140,11 @@ public final class PlainJson {
     private final int checked;
 
     private static final org.slf4j.Logger LOG = org.slf4j.LoggerFactory.getLogger(PlainJson.class);
-    private static final java.util.concurrent.atomic.LongAdder UNFORESEEN = new java.util.concurrent.atomic.LongAdder();
-    private static final java.util.concurrent.atomic.AtomicBoolean LOGGED = new java.util.concurrent.atomic.AtomicBoolean();
+    private static final java.util.concurrent.atomic.AtomicLong UNFORESEEN = new java.util.concurrent.atomic.AtomicLong();
 
     /** How many records this JVM's readers handed back on a failure they did not foresee (for tests, through py4j). */
     public static long unforeseen() {
-        return UNFORESEEN.sum();
+        return UNFORESEEN.get();
     }
 
     /**
@@ -202,8 +201,7 @@ public final class PlainJson {
             // any record handed back, rather than the task failing on it at every retry. The
             // first in a JVM is logged, so that it is seen; all are counted, for the tests, which
             // hold the count at zero.
-            UNFORESEEN.increment();
-            if (!LOGGED.getAndSet(true)) {
+            if (UNFORESEEN.incrementAndGet() == 1) {
                 LOG.warn("tidemark_from_json's own reader failed on a record and handed it to Spark's parser; "
                         + "please report this with the stack trace", e);
             }
@@ -237,13 +235,8 @@ public final class PlainJson {
         }
 
         void space() {
-            while (true) {
-                byte x = peek(at);
-                if (x == ' ' || x == '\n' || x == '\r' || x == '\t') {
-                    at++;
-                } else {
-                    return;
-                }
+            while (isSpace(peek(at))) {
+                at++;
             }
         }
 
@@ -506,7 +499,7 @@ public final class PlainJson {
         /** What may follow a scalar: the end, whitespace, ',', ']' or '}'; anything else is Jackson's to judge. */
         void delimiter() {
             byte x = peek(at);
-            if (!(x == ',' || x == '}' || x == ']' || x == ' ' || x == '\n' || x == '\r' || x == '\t' || at == end)) {
+            if (!(x == ',' || x == '}' || x == ']' || isSpace(x) || at == end)) {
                 throw UNSURE;
             }
         }
@@ -575,7 +568,7 @@ public final class PlainJson {
                 byte x = b[i];
                 if (x == '.') {
                     point = true;
-                } else if (x >= '0' && x <= '9') {
+                } else if (isDigit(x)) {
                     digits = digits * 10 + (x - '0');
                     count++;
                     if (point) {
@@ -603,6 +596,11 @@ public final class PlainJson {
 
         static boolean isDigit(byte x) {
             return x >= '0' && x <= '9';
+        }
+
+        /** JSON's whitespace (RFC 8259): space, tab, line feed, carriage return. */
+        static boolean isSpace(byte x) {
+            return x == ' ' || x == '\n' || x == '\r' || x == '\t';
         }
 
         /** At '"': the string, a view of the bytes when it has no escapes. */
