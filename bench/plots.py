@@ -178,8 +178,17 @@ def read_heap(data: dict[str, Any]) -> Figure:
                     {f"{s} B records": [med[f][s] for f in fetches] for s in sizes}, "MiB")
 
 
+def reader(data: dict[str, Any]) -> Figure:
+    names = data["readers"]
+    ratio = data.get("ratio_v1_vs_v2_time")
+    return _grouped(f"{data['committed_records']:,} committed records read over exact ranges and counted"
+                    + (f" (time V1 / V2 {ratio:.2f}×)" if ratio is not None else ""),
+                    ["wall s", "driver JVM CPU s"],
+                    {n: [data["median_seconds"][n], data["median_driver_cpu_seconds"][n]] for n in names}, "seconds")
+
+
 CHARTS: dict[str, Callable[[dict[str, Any]], Figure]] = {
-    "cold_start_bench": cold_start, "read_heap_bench": read_heap,
+    "cold_start_bench": cold_start, "read_heap_bench": read_heap, "reader_bench": reader,
     "revisions": revisions, "jit_bench": jit, "local_fs_bench": local_fs,
     "reader_reuse_bench": reader_reuse, "ingest_bench": ingest, "serve_bench": serve, "history_properties": history_properties,
     "relay_bench": relay, "g3_bench": g3, "freshness_bench": freshness, "position_bench": position,

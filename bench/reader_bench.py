@@ -1,4 +1,4 @@
-"""Exact-range reader benchmark: Spark's ``kafka`` source vs the confluent-kafka Python Data Source.
+"""Exact-range reader benchmark: Spark's ``kafka`` source (V2 and V1) vs the confluent-kafka Python Data Source.
 
 Starts a throwaway embedded Kafka broker on free ports and a Tidemark SparkSession, writes a
 transactional topic (8 partitions, ~20 % aborted transactions, ~1 KB JSON values, headers on
@@ -6,16 +6,24 @@ every 10th record) plus a topic whose ranges hold only aborted records and marke
 one run, alternating the order over ``--reps`` repetitions, reads the exact ranges
 ``[0, LSO)`` with
 
-* ``spark``: ``pipelines.transform.read_ranges`` (Spark's ``kafka`` source, read_committed);
+* ``spark``: ``pipelines.transform.read_ranges`` (Spark's ``kafka`` source, read_committed),
+  as Tidemark's sessions read it: through the source's DataSource V2 scan
+  (``infra.spark.V1_SOURCES``);
+* ``spark-v1``: the same call with ``kafka`` back in ``spark.sql.sources.useV1SourceList``
+  (Spark's default for batch reads, and Tidemark's read before session 45): the source's V1
+  relation, whose records Spark converts to external ``Row`` objects and back;
 * ``pyds``:  ``bench.pyds_kafka`` (PySpark Python Data Source on confluent-kafka);
 
 each followed by ``count(*), sum(length(value))`` so every byte is read. Before timing, an
-untimed pass checks both readers return exactly the committed records (topic, partition,
-offset from the producer's delivery reports, and a hash of key/value/timestamp/headers).
-Prints a markdown table (median seconds, records/s, time ratio vs the Spark source).
+untimed pass checks every reader returns exactly the committed records (topic, partition,
+offset from the producer's delivery reports, and a hash of key/value/timestamp/headers),
+the same content as ``spark``'s. Prints a markdown table (median seconds, the driver JVM's
+CPU seconds, records/s, time ratio vs ``spark``); ``--json FILE`` writes the figures
+(``ratio_v1_vs_v2_time``: the median of the paired time ratios spark-v1 / spark).
 
     .venv/bin/python -m bench.reader_bench                 # N=200,000, 3 reps
     .venv/bin/python -m bench.reader_bench --records 20000 --reps 2
+    .venv/bin/python -m bench.reader_bench --records 1000000 --only spark,spark-v1 --reps 8 --json read.json
 
 pyarrow is needed by any Python Data Source; the ``dev`` extra (``make bootstrap``)
 installs it. ``--pydeps DIR`` adds another directory to the workers' path.
@@ -39,10 +47,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.common import emit, header, loadavg
+from bench.common import emit, emit_json, header, loadavg
 
 REPO = Path(__file__).resolve().parent.parent
 TOPIC_PARTITIONS = 8
+READERS = ("spark", "spark-v1", "pyds")
 
 
 def _prepare_python_path(pydeps: str | None) -> None:
@@ -178,7 +187,11 @@ def write_marker_topic(bootstrap: str, topic: str, admin: Any) -> tuple[Any, Any
 # -- readers ------------------------------------------------------------------------
 
 
-def make_readers(spark: Any, bootstrap: str) -> dict[str, Callable[[list[Any]], Any]]:
+#: Spark's own ``spark.sql.sources.useV1SourceList`` (its batch reads of Kafka through the V1 relation).
+SPARK_V1_SOURCES = "avro,csv,json,kafka,orc,parquet,text"
+
+
+def make_readers(spark: Any, bootstrap: str, only: tuple[str, ...] = READERS) -> dict[str, Callable[[list[Any]], Any]]:
     from bench.pyds_kafka import TidemarkKafkaDataSource
     from connectors.kafka_config import spark_options
     from offsets.ledger import Intent
@@ -192,6 +205,19 @@ def make_readers(spark: Any, bootstrap: str) -> dict[str, Callable[[list[Any]], 
         intent = Intent("reader-bench", 1, "bench", datetime.now(UTC), tuple(ranges))
         return read_ranges(spark, options, intent)
 
+    def spark_v1(ranges: list[Any]) -> Any:
+        # The relation is chosen when the frame is built (load), so the setting is needed only then.
+        key = "spark.sql.sources.useV1SourceList"
+        mine = spark.conf.get(key)
+        spark.conf.set(key, SPARK_V1_SOURCES)
+        try:
+            frame = spark_source(ranges)
+        finally:
+            spark.conf.set(key, mine)
+        if "KafkaRelation" not in frame._jdf.queryExecution().analyzed().toString():
+            raise AssertionError("spark-v1 did not read through the V1 relation")
+        return frame
+
     def pyds(ranges: list[Any]) -> Any:
         spec = [{"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end} for r in ranges]
         return (spark.read.format(TidemarkKafkaDataSource.name())
@@ -200,7 +226,8 @@ def make_readers(spark: Any, bootstrap: str) -> dict[str, Callable[[list[Any]], 
                 .option("includeHeaders", "true")
                 .load())
 
-    return {"spark": spark_source, "pyds": pyds}
+    readers = {"spark": spark_source, "spark-v1": spark_v1, "pyds": pyds}
+    return {name: readers[name] for name in only}
 
 
 def fingerprint(df: Any) -> dict[tuple[str, int, int], int]:
@@ -213,10 +240,12 @@ def fingerprint(df: Any) -> dict[tuple[str, int, int], int]:
     return out
 
 
-def timed_scan(df: Any) -> tuple[float, int, int]:
-    start = time.perf_counter()
+def timed_scan(df: Any, jvm: Any = None) -> tuple[float, int, int, float]:
+    """(seconds, rows, value bytes, CPU seconds of the driver JVM ``jvm``, a psutil process, or NaN)."""
+    cpu = (lambda: sum(jvm.cpu_times()[:2])) if jvm is not None else (lambda: float("nan"))
+    start, cpu_start = time.perf_counter(), cpu()
     row = df.selectExpr("count(*) AS n", "coalesce(sum(length(value)), 0) AS b").collect()[0]
-    return time.perf_counter() - start, int(row.n), int(row.b)
+    return time.perf_counter() - start, int(row.n), int(row.b), cpu() - cpu_start
 
 
 # -- main ---------------------------------------------------------------------------
@@ -281,7 +310,10 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         spark = build_session(settings, "tidemark-reader-bench", warehouse=state / "warehouse")
         print(f"Spark session in {time.perf_counter() - t0:.1f}s", flush=True)
-        readers = make_readers(spark, bootstrap)
+        readers = make_readers(spark, bootstrap, args.only)
+        import psutil
+
+        jvm = psutil.Process(int(spark._jvm.java.lang.ProcessHandle.current().pid()))
 
         # 1. Correctness (untimed; also warms up the JVM, the Python workers and the broker's page cache).
         expected_keys = produced.committed
@@ -297,34 +329,40 @@ def run(args: argparse.Namespace) -> int:
             if missing or extra:
                 raise AssertionError(f"{name} rows differ from the committed records: missing "
                                      f"{sorted(missing)[:5]}, unexpected {sorted(extra)[:5]}")
-        if prints["spark"] != prints["pyds"]:
-            diff = [k for k in prints["spark"] if prints["spark"][k] != prints["pyds"].get(k)]
-            raise AssertionError(f"same offsets but different content at {len(diff)} rows, e.g. {diff[:5]}")
+        first = next(iter(prints))
+        for name, fp in prints.items():
+            if fp != prints[first]:
+                diff = [k for k in prints[first] if prints[first][k] != fp.get(k)]
+                raise AssertionError(f"{name} and {first}: same offsets but different content at {len(diff)} rows, "
+                                     f"e.g. {diff[:5]}")
         for name, reader in readers.items():
             for label, rng_ in (("mid", mid_range), ("tail", tail_range)):
                 fp = fingerprint(reader([rng_]))
                 if fp:
                     raise AssertionError(f"{name} returned {len(fp)} rows from the marker-only {label} range")
-        print("check: both readers return exactly the committed records, with identical content "
+        print(f"check: {', '.join(readers)} return exactly the committed records, with identical content "
               "(key, value, timestamp, timestampType, headers); marker-only ranges empty", flush=True)
 
         # 2. Timing, alternating the order.
         times: dict[str, list[float]] = {n: [] for n in readers}
+        cpus: dict[str, list[float]] = {n: [] for n in readers}
         marker_times: dict[tuple[str, str], list[float]] = {(n, k): [] for n in readers for k in ("mid", "tail")}
         for rep in range(args.reps):
             order = list(readers) if rep % 2 == 0 else list(reversed(readers))
             for name in order:
-                secs, n, nbytes = timed_scan(readers[name](ranges))
+                secs, n, nbytes, cpu = timed_scan(readers[name](ranges), jvm)
                 if n != expected or nbytes != produced.value_bytes:
                     raise AssertionError(f"{name} rep {rep}: {n} rows / {nbytes} bytes, expected "
                                          f"{expected} / {produced.value_bytes}")
                 times[name].append(secs)
+                cpus[name].append(cpu)
                 for label, rng_ in (("mid", mid_range), ("tail", tail_range)):
-                    msecs, mn, _ = timed_scan(readers[name]([rng_]))
+                    msecs, mn, _, _ = timed_scan(readers[name]([rng_]))
                     if mn != 0:
                         raise AssertionError(f"{name} read {mn} rows from marker-only range {label}")
                     marker_times[(name, label)].append(msecs)
-                print(f"rep {rep + 1}/{args.reps} {name}: {secs:.2f}s ({expected / secs:,.0f} rec/s); "
+                print(f"rep {rep + 1}/{args.reps} {name}: {secs:.2f}s ({expected / secs:,.0f} rec/s), "
+                      f"driver CPU {cpu:.2f}s; "
                       f"marker-only mid {marker_times[(name, 'mid')][-1]:.2f}s, "
                       f"tail {marker_times[(name, 'tail')][-1]:.2f}s", flush=True)
 
@@ -334,7 +372,9 @@ def run(args: argparse.Namespace) -> int:
         import pyarrow
 
         med = {n: statistics.median(v) for n, v in times.items()}
-        paired = [p / s for p, s in zip(times["pyds"], times["spark"], strict=True)]
+        med_cpu = {n: statistics.median(v) for n, v in cpus.items()}
+        base = "spark" if "spark" in readers else next(iter(readers))
+        paired = {n: [t / s for t, s in zip(times[n], times[base], strict=True)] for n in readers if n != base}
         lines = [
             "",
             *header("Exact-range read benchmark", load_before),
@@ -347,31 +387,42 @@ def run(args: argparse.Namespace) -> int:
             f"{produced.value_bytes / 1e6:.1f} MB of values, headers on every 10th record. "
             f"Action: `count(*), sum(length(value))`; {args.reps} reps, order alternating."),
             "",
-            "| reader | median s | records/s | time ratio vs Spark source | all runs (s) |",
-            "|---|---:|---:|---:|---|",
+            f"| reader | median s | driver JVM CPU s (median) | records/s | time ratio vs {base} | all runs (s) |",
+            "|---|---:|---:|---:|---:|---|",
         ]
-        labels = {"spark": "Spark `kafka` source (read_ranges)", "pyds": "Python Data Source (confluent-kafka)"}
+        labels = {"spark": "Spark `kafka` source, V2 scan (read_ranges, Tidemark's)",
+                  "spark-v1": "Spark `kafka` source, V1 relation (Spark's default)",
+                  "pyds": "Python Data Source (confluent-kafka)"}
         for name in readers:
-            ratio = med[name] / med["spark"]
+            ratio = med[name] / med[base]
             runs = ", ".join(f"{t:.2f}" for t in times[name])
-            lines.append(f"| {labels[name]} | {med[name]:.2f} | {expected / med[name]:,.0f} | {ratio:.2f}x | {runs} |")
+            lines.append(f"| {labels[name]} | {med[name]:.2f} | {med_cpu[name]:.2f} | {expected / med[name]:,.0f} | "
+                         f"{ratio:.2f}x | {runs} |")
+        lines.append("")
+        for name, ratios in paired.items():
+            lines.append(f"Paired per-rep time ratio {name}/{base}: {', '.join(f'{r:.2f}' for r in ratios)} "
+                         f"(median {statistics.median(ratios):.2f}).")
         lines += [
             "",
-            (f"Paired per-rep time ratio pyds/spark: {', '.join(f'{r:.2f}' for r in paired)} "
-            f"(median {statistics.median(paired):.2f})."),
-            "",
-            "| marker-only range (0 rows) | Spark source median s | Python DS median s |",
-            "|---|---:|---:|",
+            "| marker-only range (0 rows) | " + " | ".join(f"{n} median s" for n in readers) + " |",
+            "|---|" + "---:|" * len(readers),
         ]
         for label, rng_ in (("mid", mid_range), ("tail", tail_range)):
             desc = ("aborted txns + markers, committed data follows" if label == "mid"
                     else "aborted txns + markers up to the LSO")
-            lines.append(f"| {desc} [{rng_.start},{rng_.end}) | "
-                         f"{statistics.median(marker_times[('spark', label)]):.2f} | "
-                         f"{statistics.median(marker_times[('pyds', label)]):.2f} |")
+            lines.append(f"| {desc} [{rng_.start},{rng_.end}) | " + " | ".join(
+                f"{statistics.median(marker_times[(n, label)]):.2f}" for n in readers) + " |")
         lines.append("")
         lines.append(f"Total wall time {time.perf_counter() - started:.0f}s.")
         emit(lines, args.output)
+        figures: dict[str, object] = {
+            "benchmark": "reader_bench", "records": args.records, "committed_records": expected,
+            "reps": args.reps, "readers": list(readers), "seconds": times, "driver_cpu_seconds": cpus,
+            "median_seconds": med, "median_driver_cpu_seconds": med_cpu,
+            "paired_time_ratios_vs": {"base": base, **{n: statistics.median(r) for n, r in paired.items()}}}
+        if "spark" in readers and "spark-v1" in readers:
+            figures["ratio_v1_vs_v2_time"] = statistics.median(paired["spark-v1"])
+        emit_json(figures, args.json, png=args.png)
         return 0
     finally:
         if spark is not None:
@@ -396,8 +447,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap", help="use this Kafka cluster instead of starting an embedded broker")
     parser.add_argument("--pydeps", default=os.environ.get("TIDEMARK_BENCH_PYDEPS"),
                         help="directory with pyarrow (pip install --target DIR pyarrow)")
+    parser.add_argument("--only", default=",".join(READERS),
+                        help=f"comma-separated readers, in the order of the first rep (of {', '.join(READERS)})")
     parser.add_argument("--output", help="also write the markdown report to this file")
+    parser.add_argument("--json", help="also write the figures as JSON to this file")
+    parser.add_argument("--png", help="also draw the figures as a PNG chart to this file")
     args = parser.parse_args(argv)
+    args.only = tuple(n.strip() for n in args.only.split(",") if n.strip())
+    unknown = set(args.only) - set(READERS)
+    if unknown or not args.only:
+        parser.error(f"--only: unknown reader(s) {', '.join(sorted(unknown)) or '(none named)'}; "
+                     f"choose from {', '.join(READERS)}")
     _prepare_python_path(args.pydeps)
 
     def terminate(signum: int, _frame: Any) -> None:

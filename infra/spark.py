@@ -40,6 +40,17 @@ PLAIN_ENCODED_COLUMNS = ("_tidemark_event_id", "_tidemark_txn.id")
 #: session 33). The data path's loops run millions of times a batch and still reach C2 within it.
 JIT_OPTIONS = "-XX:CompileThresholdScaling=5"
 
+#: Spark's ``spark.sql.sources.useV1SourceList`` without ``kafka``: a batch's Kafka ranges
+#: (``pipelines.transform.read_ranges``) are read through the source's DataSource V2 scan, as
+#: every Structured Streaming query already reads Kafka. Through V1 (Spark's default for batch
+#: reads) the source hands Spark external ``Row`` objects: each record was built as an
+#: internal row, converted to a ``Row`` (topic and headers to Java objects) and converted back
+#: before Spark copied it into its own row; the V2 scan writes Spark's row once. Both resolve
+#: the ranges and fetch them with the same code: the same records, offsets and errors
+#: (``bench/reader_bench.py`` checks their content equal). Measured in docs/benchmarks.md,
+#: session 45.
+V1_SOURCES = "avro,csv,json,orc,parquet,text"
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -74,6 +85,7 @@ def spark_conf(settings: Settings, *, warehouse: Path | None = None) -> dict[str
         "spark.hadoop.delta.enableFastS3AListFrom": "true",
         "spark.sql.sources.parallelPartitionDiscovery.parallelism": "2",
         "spark.sql.adaptive.enabled": "true",
+        "spark.sql.sources.useV1SourceList": V1_SOURCES,
         # PySpark 4 otherwise records the Python call site of every Column method and
         # `functions.col` call in the JVM for error context (several py4j round trips each):
         # the call sites would be Tidemark's own lines, and a G3 batch's step 4 pass took

@@ -254,6 +254,56 @@ def test_a_bulk_read_leaves_at_most_a_small_fetch_per_partition_in_the_heap(  # 
     assert kept < partitions * (8 << 20), f"the read left {kept / 2**20:.0f} MiB reachable for {partitions} partitions"
 
 
+def test_a_batch_is_read_through_the_kafka_sources_v2_scan_with_the_records_of_its_v1_relation(  # type: ignore[no-untyped-def]
+        spark, kafka_bootstrap: str, topic_factory) -> None:
+    """Tidemark's sessions read a batch's ranges through the Kafka source's V2 scan, which
+    writes Spark's row once, instead of Spark's default V1 relation (infra.spark.V1_SOURCES).
+    Both must give the same records: committed ones only, the ranges' exact ends (a range
+    starting and ending next to transaction markers), keys, null values, headers and their
+    null values, timestamps."""
+    from connectors.kafka_config import spark_options
+    from infra.spark import V1_SOURCES
+    from offsets.ledger import Intent, Range, now_utc
+    from pipelines.transform import read_ranges
+    from tidemark.config import KafkaConnection
+
+    topic = topic_factory("v2-read", partitions=2)
+    producer = transactional_producer(kafka_bootstrap)
+    for n, commit in enumerate((True, False, True, True, False, True)):
+        producer.begin_transaction()
+        for i in range(5):
+            producer.produce(topic, partition=i % 2, key=None if i == 3 else f"k{n}-{i}".encode(),
+                             value=None if i == 4 else f'{{"n": {n}, "i": {i}}}'.encode(),
+                             headers=[("h", f"{n}".encode()), ("empty", None)] if i % 2 else None)
+        producer.flush(30)
+        producer.commit_transaction(30) if commit else producer.abort_transaction(30)
+    # Partition 0 holds 3 records and a marker per transaction: [4, 14) starts after the first
+    # transaction's marker, at the aborted second's records, and ends inside the fourth.
+    intent = Intent("v2", 1, "w", now_utc(), (Range(topic, 0, 4, 14), Range(topic, 1, 0, 12)))
+    options = spark_options(KafkaConnection(bootstrap_servers=kafka_bootstrap), kafka_bootstrap)
+    key = "spark.sql.sources.useV1SourceList"
+    assert spark.conf.get(key) == V1_SOURCES
+    v2 = read_ranges(spark, options, intent)
+    spark.conf.set(key, V1_SOURCES + ",kafka")
+    try:
+        v1 = read_ranges(spark, options, intent)
+    finally:
+        spark.conf.set(key, V1_SOURCES)
+    assert "DataSourceV2Relation" in v2._jdf.queryExecution().analyzed().getClass().getName()
+    assert "KafkaRelation" in v1._jdf.queryExecution().analyzed().toString()
+    columns = ("partition", "offset", "topic", "key", "value", "timestamp", "timestampType", "headers")
+    rows = [[tuple(r) for r in frame.select(*columns).orderBy("partition", "offset").collect()] for frame in (v2, v1)]
+    assert rows[0] == rows[1]
+    # Committed transactions 0, 2, 3 in range: partition 0 from offset 4 (transaction 2 at 8-10,
+    # transaction 3 at 12-14, of which 14 is past the range), partition 1 (2 records and a marker
+    # a transaction) before offset 12.
+    assert [(r[0], r[1]) for r in rows[0]] == [(0, 8), (0, 9), (0, 10), (0, 12), (0, 13),
+                                               (1, 0), (1, 1), (1, 6), (1, 7), (1, 9), (1, 10)]
+    assert {json.loads(r[4])["n"] for r in rows[0] if r[4] is not None} == {0, 2, 3}
+    assert any(r[3] is None for r in rows[0]) and any(r[4] is None for r in rows[0])
+    assert {tuple(h) for r in rows[0] if r[7] for h in r[7]} == {("h", b"0"), ("h", b"2"), ("h", b"3"), ("empty", None)}
+
+
 def test_a_second_writer_cannot_claim_a_claimed_batch(spark, kafka_bootstrap: str, topic_factory,  # type: ignore[no-untyped-def]
                                                      tmp_path: Path) -> None:
     topic = topic_factory("fence", partitions=1)
