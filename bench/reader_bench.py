@@ -17,7 +17,7 @@ one run, alternating the order over ``--reps`` repetitions, reads the exact rang
 each followed by ``count(*), sum(length(value))`` so every byte is read. Before timing, an
 untimed pass checks every reader returns exactly the committed records (topic, partition,
 offset from the producer's delivery reports, and a hash of key/value/timestamp/headers),
-the same content as ``spark``'s. Prints a markdown table (median seconds, the driver JVM's
+the same content as the first reader's. Prints a markdown table (median seconds, the driver JVM's
 CPU seconds, records/s, time ratio vs ``spark``); ``--json FILE`` writes the figures
 (``ratio_v1_vs_v2_time``: the median of the paired time ratios spark-v1 / spark).
 
@@ -419,6 +419,8 @@ def run(args: argparse.Namespace) -> int:
             "benchmark": "reader_bench", "records": args.records, "committed_records": expected,
             "reps": args.reps, "readers": list(readers), "seconds": times, "driver_cpu_seconds": cpus,
             "median_seconds": med, "median_driver_cpu_seconds": med_cpu,
+            "median_marker_only_seconds": {n: {label: statistics.median(marker_times[(n, label)])
+                                               for label in ("mid", "tail")} for n in readers},
             "paired_time_ratios_vs": {"base": base, **{n: statistics.median(r) for n, r in paired.items()}}}
         if "spark" in readers and "spark-v1" in readers:
             figures["ratio_v1_vs_v2_time"] = statistics.median(paired["spark-v1"])

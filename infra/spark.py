@@ -46,8 +46,9 @@ JIT_OPTIONS = "-XX:CompileThresholdScaling=5"
 #: reads) the source hands Spark external ``Row`` objects: each record was built as an
 #: internal row, converted to a ``Row`` (topic and headers to Java objects) and converted back
 #: before Spark copied it into its own row; the V2 scan writes Spark's row once. Both resolve
-#: the ranges and fetch them with the same code: the same records, offsets and errors
-#: (``bench/reader_bench.py`` checks their content equal). Measured in docs/benchmarks.md,
+#: the ranges and fetch them with the same code: the same records, offsets and read errors
+#: (``bench/reader_bench.py`` checks their content equal); only an invalid option is
+#: reported at the first action instead of at ``load()``. Measured in docs/benchmarks.md,
 #: session 45.
 V1_SOURCES = "avro,csv,json,orc,parquet,text"
 
