@@ -187,13 +187,10 @@ def write_marker_topic(bootstrap: str, topic: str, admin: Any) -> tuple[Any, Any
 # -- readers ------------------------------------------------------------------------
 
 
-#: Spark's own ``spark.sql.sources.useV1SourceList`` (its batch reads of Kafka through the V1 relation).
-SPARK_V1_SOURCES = "avro,csv,json,kafka,orc,parquet,text"
-
-
 def make_readers(spark: Any, bootstrap: str, only: tuple[str, ...] = READERS) -> dict[str, Callable[[list[Any]], Any]]:
     from bench.pyds_kafka import TidemarkKafkaDataSource
     from connectors.kafka_config import spark_options
+    from infra.spark import V1_SOURCES
     from offsets.ledger import Intent
     from pipelines.transform import read_ranges
     from tidemark.config import KafkaConnection
@@ -209,7 +206,7 @@ def make_readers(spark: Any, bootstrap: str, only: tuple[str, ...] = READERS) ->
         # The relation is chosen when the frame is built (load), so the setting is needed only then.
         key = "spark.sql.sources.useV1SourceList"
         mine = spark.conf.get(key)
-        spark.conf.set(key, SPARK_V1_SOURCES)
+        spark.conf.set(key, V1_SOURCES + ",kafka")  # Spark's default: batch reads of Kafka through V1
         try:
             frame = spark_source(ranges)
         finally:
