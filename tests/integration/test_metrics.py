@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from connectors.admin import KafkaAdmin
 from infra.process import free_port
 from tests.ingest_harness import ingest_argv, process_env, write_config
-from tests.kafka_helpers import transactional_producer, write_transaction
+from tests.kafka_helpers import settled_lsos, transactional_producer, write_transaction
 from tests.relay_harness import RelaySetup
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -50,12 +49,6 @@ def _until(port: int, proc: subprocess.Popen[bytes], done: Callable[[Samples], b
     pytest.fail(f"metrics never matched; last scrape: {sorted(samples.items())[:40]}")
 
 
-def _lsos(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
-    with KafkaAdmin({"bootstrap.servers": bootstrap}) as admin:
-        bounds = admin.bounds([(topic, p) for p in range(partitions)])
-    return {p: b.stable_end for (_, p), b in bounds.items()}
-
-
 def _partitions_match(samples: Samples, topic: str, lsos: dict[int, int]) -> bool:
     return all(_value(samples, "tidemark_partition_committed_offset", pipeline="orders", topic=topic,
                       partition=str(p)) == lso
@@ -85,7 +78,7 @@ def test_ingest_follow_metrics_match_kafka(kafka_bootstrap: str, topic_factory, 
         if _value(early, "tidemark_batches_total", pipeline="orders") in (None, 0.0):
             assert sum(v for (name, _), v in early.items() if name == "tidemark_partition_lag_offsets") > 0
 
-        lsos = _lsos(kafka_bootstrap, topic, 2)
+        lsos = settled_lsos(kafka_bootstrap, topic, 2)
         first = _until(port, proc, lambda s: _partitions_match(s, topic, lsos)
                        and _value(s, "tidemark_batch_rows_total", pipeline="orders") == 15, log)
         batches = _value(first, "tidemark_batches_total", pipeline="orders")
@@ -98,7 +91,7 @@ def test_ingest_follow_metrics_match_kafka(kafka_bootstrap: str, topic_factory, 
         for t in range(2):
             write_transaction(producer, topic, [json.dumps({"id": 100 + t * 10 + i}).encode() for i in range(5)],
                               commit=True)
-        lsos = _lsos(kafka_bootstrap, topic, 2)
+        lsos = settled_lsos(kafka_bootstrap, topic, 2)
         _until(port, proc, lambda s: _partitions_match(s, topic, lsos)
                and _value(s, "tidemark_batch_rows_total", pipeline="orders") == 25, log)
     finally:

@@ -11,9 +11,8 @@ import subprocess
 import termios
 from pathlib import Path
 
-from connectors.admin import KafkaAdmin
 from tests.ingest_harness import ingest_argv, process_env, write_config
-from tests.kafka_helpers import transactional_producer, write_transaction
+from tests.kafka_helpers import settled_lsos, transactional_producer, write_transaction
 
 
 def _on_a_terminal(argv: list[str]) -> tuple[int, str]:
@@ -43,8 +42,7 @@ def test_bounded_ingest_shows_progress_on_a_terminal_only(kafka_bootstrap: str, 
     for t in range(6):
         write_transaction(producer, topic, [json.dumps({"id": t * 10 + i}).encode() for i in range(10)],
                           commit=t != 3)
-    with KafkaAdmin({"bootstrap.servers": kafka_bootstrap}) as admin:
-        total = sum(b.stable_end for b in admin.bounds([(topic, 0), (topic, 1)]).values())
+    total = sum(settled_lsos(kafka_bootstrap, topic, 2).values())
     config = write_config(tmp_path / "tidemark.yaml", kafka_bootstrap, tmp_path / "orders", topics=[topic],
                           max_records_per_batch=20)
 
