@@ -40,11 +40,29 @@ def _config(path: Path, bootstrap: str, pipelines: dict[str, tuple[str, Path]]) 
     return path
 
 
-def _java_processes(proc: subprocess.Popen[bytes]) -> int:
+def _spark_drivers(proc: subprocess.Popen[bytes]) -> set[int]:
+    """The pids of the Spark driver JVMs under ``proc`` now.
+
+    A driver is a JVM running ``SparkSubmit``. Counting every process named ``java``
+    also counted passers-by: spark-submit's launcher JVM (its arguments name
+    ``SparkSubmit`` too), and a driver's child in the instant between fork and exec
+    (Hadoop's local file system forks a ``chmod`` per permission change), which is
+    named ``java`` and shows the driver's command line.
+    """
     try:
-        return sum(1 for c in psutil.Process(proc.pid).children(recursive=True) if c.name() == "java")
+        children = psutil.Process(proc.pid).children(recursive=True)
     except psutil.Error:
-        return 0
+        return set()
+    jvms: dict[int, tuple[int, list[str]]] = {}
+    for child in children:
+        try:
+            if child.name() == "java":
+                jvms[child.pid] = (child.ppid(), child.cmdline())
+        except psutil.Error:  # gone since the listing
+            pass
+    return {pid for pid, (parent, argv) in jvms.items()
+            if "org.apache.spark.deploy.SparkSubmit" in argv and "org.apache.spark.launcher.Main" not in argv
+            and parent not in jvms}
 
 
 @pytest.mark.slow
@@ -70,14 +88,14 @@ def test_a_killed_and_a_failed_run_leave_the_next_runs_of_both_pipelines_exactly
     with log.open("wb") as out:
         serve = subprocess.Popen([sys.executable, "-m", "tidemark.cli", "serve", "--config", str(config)],
                                  env=env, stdout=out, stderr=subprocess.STDOUT)
-    jvms = 0
+    drivers: set[int] = set()  # every Spark driver JVM seen under serve
     try:
         alpha_ledger = Path(f"{alpha}_tidemark_ledger")
         deadline = time.monotonic() + 400
         while not (delta_versions(alpha_ledger) > 0 and delta_versions(alpha) == 0):  # claimed, not written
             assert delta_versions(alpha) == 0, "alpha's batch committed before the test could kill its run"
             assert serve.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
-            jvms = max(jvms, _java_processes(serve))
+            drivers |= _spark_drivers(serve)
             time.sleep(0.1)
         runs = re.findall(r"running ingest of alpha for flow run \S+ \(pid (\d+)\)", serve_info())
         assert runs, serve_info()[-3000:]
@@ -92,7 +110,7 @@ def test_a_killed_and_a_failed_run_leave_the_next_runs_of_both_pipelines_exactly
         deadline = time.monotonic() + 400
         for target, topic in ((alpha, big), (beta, small)):
             while True:
-                jvms = max(jvms, _java_processes(serve))
+                drivers |= _spark_drivers(serve)
                 assert serve.poll() is None, log.read_text(errors="replace")[-3000:]
                 try:
                     assert_exactly_once(spark, str(target), kafka_bootstrap, [topic])
@@ -110,4 +128,4 @@ def test_a_killed_and_a_failed_run_leave_the_next_runs_of_both_pipelines_exactly
         assert 1 in batches, f"{name}'s interrupted batch 1 was recovered and committed once"
     # Both batch 1s were claimed and then left unwritten: each pipeline's next run replayed its own.
     assert len(re.findall(r"replayed batch 1 \(", text)) == 2, text[-3000:]
-    assert jvms == 1, f"{jvms} JVMs under serve: every run must use the one warm driver"
+    assert len(drivers) == 1, f"Spark drivers {sorted(drivers)} under serve: every run must use the one warm driver"
