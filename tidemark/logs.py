@@ -29,6 +29,11 @@ OWN = frozenset({"tidemark", "pipelines", "connectors", "outbox", "offsets", "or
 LOG_DIR_ENV = "TIDEMARK_LOG_DIR"
 VERBOSE_ENV = "TIDEMARK_VERBOSE"
 
+#: Every log file of a process is rotated at this size and keeps this many old files
+#: (``tidemark.log.1`` the newest): a follower or serve runs for months.
+ROTATE_BYTES = 20 * 1024 * 1024
+ROTATE_KEEP = 3
+
 
 class _OwnOnly(logging.Filter):
     """Passes Tidemark's records; diverts the rest to the file, naming it once on the console."""
@@ -56,7 +61,7 @@ def configure(home: Path, *, verbose: bool = False, debug: bool = False,
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "tidemark.log"
     text = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    to_file = logging.handlers.RotatingFileHandler(path, maxBytes=20 * 1024 * 1024, backupCount=3)
+    to_file = logging.handlers.RotatingFileHandler(path, maxBytes=ROTATE_BYTES, backupCount=ROTATE_KEEP)
     to_file.setFormatter(text)
     to_file.setLevel(logging.DEBUG if debug else logging.INFO)
     console = logging.StreamHandler()
@@ -83,6 +88,8 @@ def jvm_stdout_to_log() -> Iterator[None]:
     "Deleted N files and directories"), which log4j cannot route; the driver JVM is a child
     process that inherits our descriptors when it starts (``infra.spark.build_session``).
     Only when the CLI routed logs (:func:`configure`, without ``-v``); otherwise a no-op.
+    Once log4j rolls ``spark.log`` over, these rare lines (one per VACUUM) follow the
+    renamed file, and go with it.
     """
     directory = os.environ.get(LOG_DIR_ENV)
     if not directory or os.environ.get(VERBOSE_ENV):

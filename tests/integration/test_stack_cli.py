@@ -116,6 +116,8 @@ def test_demo_passes_and_leaves_no_process(cli_env: dict[str, str]) -> None:
     assert f"in {logs / 'tidemark.log'}" in result.stderr  # where the rest went, named once
     assert result.stderr.count("other components' messages are in") == 1
     assert (logs / "spark.log").exists()
+    assert "StatusLogger" not in result.stderr  # log4j read the driver's configuration without a complaint
+    assert "kafka.group.id" not in (logs / "spark.log").read_text(errors="replace")  # dropped on purpose
     verdicts = [line.split()[0] for line in result.stdout.splitlines() if line.startswith(("  PASS  ", "  FAIL  "))]
     assert verdicts == ["PASS"] * 9, result.stdout
     assert "exactly-once held" in result.stdout and "Data Docs: file://" in result.stdout
