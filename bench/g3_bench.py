@@ -25,6 +25,9 @@ parts of G3's write away to measure what each costs (``g3`` minus them):
 * ``g3-narrow``: ``g3`` whose column keeps only ``id`` and ``position``: what a row would
   carry if the fields every event of a transaction shares (``size``, ``expected``,
   ``released``) were recorded once per transaction instead.
+* ``g3-flat``: ``g3`` whose column's five fields are written as five top-level columns
+  (``_tidemark_txn_id`` ...; the id plainly encoded, as ``_tidemark_txn.id`` is): what
+  Parquet's nested group costs.
 
 Each run is checked: every event once, every transaction whole. Reported: medians, the
 time ratios to ``plain`` and G3's throughput as a fraction of plain's; ``--json FILE``
@@ -73,12 +76,16 @@ def settings_for(manifest: str) -> dict[str, dict[str, Any]]:
 
 
 #: Diagnostic settings (``--only``): ``g3``'s pipeline, its write without these parts.
-PARTS_LEFT_OUT = {"g3-unrecorded": ("column",), "g3-cut-only": ("column", "guard"), "g3-narrow": ("shared",)}
+PARTS_LEFT_OUT = {"g3-unrecorded": ("column",), "g3-cut-only": ("column", "guard"), "g3-narrow": ("shared",),
+                  "g3-flat": ("nesting",)}
+
+
+FLAT_FIELDS = ("id", "position", "size", "expected", "released")
 
 
 @contextmanager
 def leaving_out(parts: tuple[str, ...]) -> Iterator[None]:
-    """The ingest's batches built without ``parts`` of G3's write (``column``, ``guard``, ``shared``)."""
+    """The ingest's batches built without ``parts`` of G3's write (``column``, ``guard``, ``shared``, ``nesting``)."""
     from pyspark.sql import functions as F
 
     from pipelines import ingest
@@ -100,9 +107,18 @@ def leaving_out(parts: tuple[str, ...]) -> Iterator[None]:
             good = f.good
             f = replace(f, good=lambda df: good(df).withColumn(
                 TXN_COLUMN, F.col(TXN_COLUMN).dropFields("size", "expected", "released")))
+        elif "nesting" in parts:
+            good = f.good
+            f = replace(f, good=lambda df: good(df).withColumns(
+                {f"{TXN_COLUMN}_{n}": F.col(TXN_COLUMN)[n] for n in FLAT_FIELDS}).drop(TXN_COLUMN))
         return f
 
     ingest.frames = frames
+    if "nesting" in parts:  # as infra.spark.PLAIN_ENCODED_COLUMNS has it for the nested id
+        from pyspark.sql import SparkSession
+
+        hadoop = SparkSession.getActiveSession().sparkContext._jsc.hadoopConfiguration()  # type: ignore[union-attr]
+        hadoop.set(f"parquet.enable.dictionary#{TXN_COLUMN}_id", "false")
     try:
         yield
     finally:

@@ -9,7 +9,6 @@ picks a non-loopback address), few shuffle partitions, no UI.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,27 +39,6 @@ PLAIN_ENCODED_COLUMNS = ("_tidemark_event_id", "_tidemark_txn.id")
 #: the thresholds left that at 0.7-0.8 s, and batches 5-8 took 0.9x the time (docs/benchmarks.md,
 #: session 33). The data path's loops run millions of times a batch and still reach C2 within it.
 JIT_OPTIONS = "-XX:CompileThresholdScaling=5"
-
-_MEMORY = re.compile(r"\s*(\d+)\s*([kmgtp]?)b?\s*", re.IGNORECASE)
-_MIB_PER = {"k": 1 / 1024, "": 1, "m": 1, "g": 1024, "t": 1024**2, "p": 1024**3}
-
-
-def heap_options(driver_memory: str) -> str:
-    """``-Xms`` as large as the driver's heap (``spark.driver.memory``, which sets ``-Xmx``).
-
-    Why: the JVM otherwise starts with 1/64 of the machine's memory and G1 grows and shrinks
-    the heap as batches come (889-1,525 MiB committed over ten 200,000-event batches of a
-    2 GiB driver). With the heap whole from the start each batch collected half as
-    long (G3: 37-91 ms against 117-221 ms; plain 61-68 against 75-158), and a G3 batch's
-    extra allocation (its headers and ``_tidemark_txn``) gained most (docs/benchmarks.md,
-    session 47). The memory is the driver's own setting; pages are touched as used. An
-    amount the JVM could not read (Spark's form, in MiB) is left to the JVM's default.
-    """
-    match = _MEMORY.fullmatch(driver_memory)
-    if match is None:
-        return ""
-    mib = int(int(match.group(1)) * _MIB_PER[match.group(2).lower()])
-    return f"-Xms{mib}m" if mib > 0 else ""
 
 #: Spark's ``spark.sql.sources.useV1SourceList`` without ``kafka``: a batch's Kafka ranges
 #: (``pipelines.transform.read_ranges``) are read through the source's DataSource V2 scan, as
@@ -118,7 +96,6 @@ def spark_conf(settings: Settings, *, warehouse: Path | None = None) -> dict[str
         **{f"spark.hadoop.parquet.enable.dictionary#{column}": "false" for column in PLAIN_ENCODED_COLUMNS},
         "spark.driver.extraJavaOptions": (
             f"-Dderby.system.home={home / 'derby'} -Dlog4j2.configurationFile={_log4j2()} {JIT_OPTIONS} "
-            f"{heap_options(settings.spark.driver_memory)} "
             f"{cds.driver_options(cds.archive_path(home, class_path)) if settings.spark.class_data_sharing else ''}"
         ).strip(),
     }

@@ -134,12 +134,3 @@ def test_an_internal_error_prints_one_line_and_logs_the_traceback(tmp_path) -> N
     assert done.stderr.splitlines()[0] == "tidemark: internal error: ZeroDivisionError: division by zero"
     assert f"the traceback is in {log_file}" in done.stderr and "Traceback" not in done.stderr
     assert "ZeroDivisionError" in log_file.read_text() and "Traceback (most recent call last)" in log_file.read_text()
-
-
-@pytest.mark.parametrize(("memory", "option"), [
-    ("2g", "-Xms2048m"), ("512m", "-Xms512m"), ("1024", "-Xms1024m"), ("2GB", "-Xms2048m"), (" 3g ", "-Xms3072m"),
-    ("1t", "-Xms1048576m"), ("2048k", "-Xms2m"), ("1.5g", ""), ("lots", ""), ("0g", "")])
-def test_the_driver_heap_starts_whole(memory: str, option: str) -> None:
-    from infra.spark import heap_options
-
-    assert heap_options(memory) == option

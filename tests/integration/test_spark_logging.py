@@ -1,8 +1,8 @@
-"""The Spark driver's JVM as ``infra.spark`` configures it, read back from the tests' driver.
+"""The Spark driver's log configuration, loaded by log4j itself in the tests' driver JVM.
 
-The log configuration is loaded by log4j itself: a second log4j context, built from the
-very file ``infra.spark`` writes for the CLI, beside the session's own (which it leaves
-alone), so what it drops and how its file rolls over are log4j's reading, not ours.
+A second log4j context, built from the very file ``infra.spark`` writes for the CLI,
+beside the session's own (which it leaves alone): what it drops and how its file rolls
+over are log4j's reading of our configuration, not ours.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import pytest
 
 from infra.spark import LOG4J2, _log4j2
 from tidemark.logs import ROTATE_KEEP
-from tidemark.settings import Settings
 
 #: What Spark's Kafka source logs at every read that names a group (Spark 4.1's text).
 GROUP_ID_WARNING = ("Kafka option 'kafka.group.id' has been set on this query, it is\n"
@@ -75,10 +74,3 @@ def test_the_shipped_config_drops_the_group_id_warning_only(spark, tmp_path: Pat
     assert "Option groupIdPrefix will be ignored" in text
     assert "Truncated" not in text
 
-
-def test_the_driver_starts_with_its_whole_heap(spark, settings: Settings) -> None:  # type: ignore[no-untyped-def]
-    from infra.spark import heap_options
-
-    heap = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getMemoryMXBean().getHeapMemoryUsage()
-    assert heap_options(settings.spark.driver_memory) == "-Xms2048m"  # the tests' default, 2g
-    assert heap.getInit() == 2048 * 2**20 == heap.getMax(), (heap.getInit(), heap.getMax())
