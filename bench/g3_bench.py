@@ -80,9 +80,6 @@ PARTS_LEFT_OUT = {"g3-unrecorded": ("column",), "g3-cut-only": ("column", "guard
                   "g3-flat": ("nesting",)}
 
 
-FLAT_FIELDS = ("id", "position", "size", "expected", "released")
-
-
 @contextmanager
 def leaving_out(parts: tuple[str, ...]) -> Iterator[None]:
     """The ingest's batches built without ``parts`` of G3's write (``column``, ``guard``, ``shared``, ``nesting``)."""
@@ -90,6 +87,7 @@ def leaving_out(parts: tuple[str, ...]) -> Iterator[None]:
 
     from pipelines import ingest
     from pipelines.transactions import TXN_COLUMN
+    from quality.audit import TXN_FIELDS
 
     if not parts:
         yield
@@ -110,7 +108,7 @@ def leaving_out(parts: tuple[str, ...]) -> Iterator[None]:
         elif "nesting" in parts:
             good = f.good
             f = replace(f, good=lambda df: good(df).withColumns(
-                {f"{TXN_COLUMN}_{n}": F.col(TXN_COLUMN)[n] for n in FLAT_FIELDS}).drop(TXN_COLUMN))
+                {f"{TXN_COLUMN}_{n}": F.col(TXN_COLUMN)[n] for n in TXN_FIELDS}).drop(TXN_COLUMN))
         return f
 
     ingest.frames = frames

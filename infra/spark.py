@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from infra import cds, udfs
 from infra import jars as jar_cache
-from tidemark.logs import ROTATE_BYTES, ROTATE_KEEP, jvm_stdout_to_log
+from tidemark.logs import ROTATE_BYTES, ROTATE_KEEP, SPARK_LOG, jvm_stdout_to_log
 from tidemark.settings import Settings
 
 LOG4J2 = Path(__file__).parent / "spark-log4j2.properties"
@@ -122,7 +122,7 @@ def _log4j2(rotate_bytes: int = ROTATE_BYTES) -> Path:
     if not directory or os.environ.get("TIDEMARK_VERBOSE"):
         return LOG4J2
     path = Path(directory) / "spark-log4j2.properties"
-    log = Path(directory) / "spark.log"
+    log = Path(directory) / SPARK_LOG
     shipped = [line for line in LOG4J2.read_text().splitlines()
                if line not in ("appender.console.type = Console", "appender.console.target = SYSTEM_ERR")]
     to_file = [line.replace("%d{HH:mm:ss}", "%d{yyyy-MM-dd HH:mm:ss}") for line in shipped] + [

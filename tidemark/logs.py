@@ -34,6 +34,10 @@ VERBOSE_ENV = "TIDEMARK_VERBOSE"
 ROTATE_BYTES = 20 * 1024 * 1024
 ROTATE_KEEP = 3
 
+#: The Spark driver's log in the log directory: log4j writes it (``infra.spark``) and
+#: :func:`jvm_stdout_to_log` appends the JVM's own stdout to it.
+SPARK_LOG = "spark.log"
+
 
 class _OwnOnly(logging.Filter):
     """Passes Tidemark's records; diverts the rest to the file, naming it once on the console."""
@@ -97,7 +101,7 @@ def jvm_stdout_to_log() -> Iterator[None]:
         return
     sys.stdout.flush()
     saved = os.dup(1)
-    target = os.open(os.path.join(directory, "spark.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    target = os.open(os.path.join(directory, SPARK_LOG), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.dup2(target, 1)
         yield

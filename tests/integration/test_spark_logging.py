@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.spark import LOG4J2, _log4j2
+from infra.spark import _log4j2
 from tidemark.logs import ROTATE_KEEP
 
 #: What Spark's Kafka source logs at every read that names a group (Spark 4.1's text).
@@ -57,14 +57,12 @@ def test_the_cli_drivers_log_drops_the_group_id_warning_and_rolls_over(
     assert "WARN KafkaSourceProvider: another warning of the Kafka source stays" in every
 
 
-def test_the_shipped_config_drops_the_group_id_warning_only(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    # The shipped file logs to stderr; the same lines with a file appender, to read them back.
-    lines = [line for line in LOG4J2.read_text().splitlines()
-             if line not in ("appender.console.type = Console", "appender.console.target = SYSTEM_ERR")]
-    log = tmp_path / "out.log"
-    config = tmp_path / "shipped.properties"
-    config.write_text("\n".join([*lines, "appender.console.type = File", f"appender.console.fileName = {log}"]) + "\n")
-    context = _context(spark, config)
+def test_the_shipped_loggers_drop_the_group_id_warning_only(
+        spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    # The CLI's file configuration carries the shipped loggers and filters as they are.
+    monkeypatch.setenv("TIDEMARK_LOG_DIR", str(tmp_path))
+    monkeypatch.delenv("TIDEMARK_VERBOSE", raising=False)
+    context = _context(spark, _log4j2())
     try:
         kafka = context.getLogger("org.apache.spark.sql.kafka010.KafkaSourceProvider")
         kafka.warn(GROUP_ID_WARNING)
@@ -72,7 +70,7 @@ def test_the_shipped_config_drops_the_group_id_warning_only(spark, tmp_path: Pat
         context.getLogger("org.apache.spark.util.SparkStringUtils").warn("Truncated the string representation")
     finally:
         context.stop()
-    text = log.read_text()
+    text = (tmp_path / "spark.log").read_text()
     assert "has been set on this query" not in text
     assert "Option groupIdPrefix will be ignored" in text
     assert "Truncated" not in text
