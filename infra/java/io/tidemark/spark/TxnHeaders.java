@@ -6,16 +6,12 @@ import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.analysis.TypeCheckResult;
 import org.apache.spark.sql.catalyst.expressions.Expression;
 import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
-import org.apache.spark.sql.catalyst.expressions.UnsafeArrayData;
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 import org.apache.spark.sql.catalyst.util.ArrayData;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
-import org.apache.spark.unsafe.Platform;
-import org.apache.spark.unsafe.array.ByteArrayMethods;
-import org.apache.spark.unsafe.bitset.BitSetMethods;
 import org.apache.spark.unsafe.types.UTF8String;
 import scala.collection.immutable.Seq;
 import scala.runtime.AbstractFunction1;
@@ -209,10 +205,29 @@ public final class TxnHeaders extends TidemarkExpression {
         UTF8String[] keys = found.keys;
         int[][] byLength = found.byLength;
         UTF8String[] values = new UTF8String[EVENT + 1];
-        if (array instanceof UnsafeArrayData) {
-            readHeadersInPlace((UnsafeArrayData) array, n, keys, byLength, values);
-        } else {
-            readHeaders(array, n, keys, byLength, values);
+        boolean[] seen = new boolean[EVENT + 1];
+        int missing = keys.length;
+        for (int i = 0; i < n && missing > 0; i++) {
+            if (array.isNullAt(i)) {
+                continue;
+            }
+            InternalRow header = array.getStruct(i, 2);
+            if (header.isNullAt(0)) {
+                continue;
+            }
+            UTF8String key = header.getUTF8String(0);
+            int length = key.numBytes();
+            int[] named = length < byLength.length ? byLength[length] : null;
+            if (named == null) {
+                continue;
+            }
+            for (int j : named) {  // each name takes its first header, even one another name shares
+                if (!seen[j] && keys[j].equals(key)) {
+                    seen[j] = true;
+                    values[j] = value(header);
+                    missing--;
+                }
+            }
         }
         Object[] result = new Object[] {null, values[SOURCE], values[EVENT]};
         Integer position = integer(values[POSITION]);
@@ -239,87 +254,6 @@ public final class TxnHeaders extends TidemarkExpression {
         result[0] = new GenericInternalRow(new Object[] {
             UTF8String.concat(values[LSN], SLASH, values[TXID]), position, size, expected, false});
         return new GenericInternalRow(result);
-    }
-
-    /**
-     * Fills {@code values} (at {@code TXID} to {@code EVENT}) from any {@link ArrayData} of the headers:
-     * each name takes its first header, even one another name shares; a null value is an answer.
-     */
-    private static void readHeaders(ArrayData array, int n, UTF8String[] keys, int[][] byLength, UTF8String[] values) {
-        boolean[] seen = new boolean[EVENT + 1];
-        int missing = keys.length;
-        for (int i = 0; i < n && missing > 0; i++) {
-            if (array.isNullAt(i)) {
-                continue;
-            }
-            InternalRow header = array.getStruct(i, 2);
-            if (header.isNullAt(0)) {
-                continue;
-            }
-            UTF8String key = header.getUTF8String(0);
-            int length = key.numBytes();
-            int[] named = length < byLength.length ? byLength[length] : null;
-            if (named == null) {
-                continue;
-            }
-            for (int j : named) {
-                if (!seen[j] && keys[j].equals(key)) {
-                    seen[j] = true;
-                    values[j] = value(header);
-                    missing--;
-                }
-            }
-        }
-    }
-
-    /** The bytes before an {@link UnsafeRow}'s first field when it has a header's two. */
-    private static final int HEADER_BITS = UnsafeRow.calculateBitSetWidthInBytes(2);
-
-    /**
-     * {@link #readHeaders} of the Kafka source's rows, where the headers are an {@link UnsafeArrayData}
-     * of two-field {@link UnsafeRow}s: each key is compared where it lies, and only a value
-     * taken becomes an object (a view of its bytes, as {@link #value} makes it).
-     *
-     * <p>Why: {@code getStruct} and {@code getUTF8String} make two objects for every header
-     * of every record (a relay's record has eight) only to compare its key and drop them; the
-     * loop doing that held half of this expression's samples in a profile (docs/benchmarks.md,
-     * session 48). The offsets read here are the ones those two methods read. Tests hold
-     * each reading equal to Spark's own functions: the Kafka source's rows take this one,
-     * constant headers the other.
-     */
-    private static void readHeadersInPlace(UnsafeArrayData array, int n, UTF8String[] keys, int[][] byLength,
-                                           UTF8String[] values) {
-        Object base = array.getBaseObject();
-        long start = array.getBaseOffset();
-        boolean[] seen = new boolean[EVENT + 1];
-        int missing = keys.length;
-        for (int i = 0; i < n && missing > 0; i++) {
-            if (array.isNullAt(i)) {
-                continue;
-            }
-            long row = start + (int) (array.getLong(i) >> 32);
-            if (BitSetMethods.isSet(base, row, 0)) {
-                continue;
-            }
-            long key = Platform.getLong(base, row + HEADER_BITS);
-            int length = (int) key;
-            int[] named = length < byLength.length ? byLength[length] : null;
-            if (named == null) {
-                continue;
-            }
-            long keyAt = row + (int) (key >> 32);
-            for (int j : named) {
-                if (!seen[j] && ByteArrayMethods.arrayEquals(base, keyAt, keys[j].getBaseObject(),
-                                                             keys[j].getBaseOffset(), length)) {
-                    seen[j] = true;
-                    if (!BitSetMethods.isSet(base, row, 1)) {
-                        long value = Platform.getLong(base, row + HEADER_BITS + 8);
-                        values[j] = UTF8String.fromAddress(base, row + (int) (value >> 32), (int) value);
-                    }
-                    missing--;
-                }
-            }
-        }
     }
 
     /**
