@@ -138,8 +138,9 @@ def prune(directory: Path, keep: Path) -> list[Path]:
 def driver_archive(home: Path) -> Path:
     """:func:`archive_path` for the class path a local driver of this installation has."""
     from infra.spark import driver_class_path
+    from tidemark.settings import settings
 
-    return archive_path(home, driver_class_path(home))
+    return archive_path(home, driver_class_path(home, s3=settings().storage == "s3"))
 
 
 def driver_options(archive: Path) -> str:
@@ -154,8 +155,9 @@ def build(home: Path, *, timeout: float = TRAINING_SECONDS) -> Path | None:
     only as it exits, and a Python process has one driver JVM for life.
     """
     from infra.spark import driver_class_path
+    from tidemark.settings import settings
 
-    key = _key(driver_class_path(home))  # as the files are before training, which must not change them
+    key = _key(driver_class_path(home, s3=settings().storage == "s3"))  # as the files are before training, which must not change them
     target = _named(home, key)
     if target.is_file():
         _prune_beside(target)

@@ -1,13 +1,14 @@
 """Resolve the pinned JVM jars from Maven Central into a local cache, once.
 
-``infra/jars/pom.xml`` names the artifacts in two profiles, ``kafka`` (the broker's
-classpath) and ``spark`` (the jars a Spark session loads: spark-sql-kafka, delta-spark,
-delta-storage). Each profile is copied into ``<home>/jars/<profile>-<pom hash>/`` with a
-Maven repository private to Tidemark, so a changed pom re-resolves and an unchanged one
+``infra/jars/pom.xml`` names the artifacts in profiles: ``kafka`` (the broker's
+classpath), ``spark`` (the jars a Spark session loads: spark-sql-kafka, delta-spark,
+delta-storage), and, only with ``TIDEMARK_STORAGE=s3``, ``s3`` (hadoop-aws and the AWS SDK
+modules S3A needs) and ``s3proxy`` (the embedded S3 server). Each profile is copied into
+``<home>/jars/<profile>-<pom hash>/`` with a Maven repository private to Tidemark, so a changed pom re-resolves and an unchanged one
 never touches the network again. Spark jars that pyspark already ships (Scala, Jackson,
 Hadoop...) are left out so the session sees one copy of each library.
 
-Run ``python -m infra.jars`` to resolve both profiles (``make`` does it for you).
+Run ``python -m infra.jars`` to resolve the profiles the settings need (``make`` does it for you).
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from typing import Literal
 
 from tidemark.errors import JarsMissingError, MissingToolError
 
-Profile = Literal["kafka", "spark"]
+Profile = Literal["kafka", "spark", "s3", "s3proxy"]
+#: Profiles whose jars join a Spark session's: pyspark's own copies of a library win.
+SPARK_PROFILES = ("spark", "s3")
 
 POM_DIR = Path(__file__).parent / "jars"
 _COMPLETE = ".complete"
@@ -117,7 +120,7 @@ def resolve(home: Path, profile: Profile, *, quiet: bool = True) -> JarSet:
             f"Maven could not resolve the {profile} jars (exit {proc.returncode}):\n{tail}\n"
             "check access to Maven Central, then run `make bootstrap` again"
         )
-    if profile == "spark":
+    if profile in SPARK_PROFILES:
         shipped = _pyspark_shipped_artifacts()
         for jar in staging.glob("*.jar"):
             m = _VERSIONED_JAR.match(jar.name)
@@ -133,7 +136,8 @@ def main() -> int:
     from tidemark.settings import settings
 
     home = settings().home_dir
-    for profile in ("kafka", "spark"):
+    profiles = ("kafka", "spark", *(("s3", "s3proxy") if settings().storage == "s3" else ()))
+    for profile in profiles:
         jar_set = resolve(home, profile)  # type: ignore[arg-type]
         print(f"{profile}: {len(jar_set.jars)} jars in {jar_set.directory}")
     from infra import udfs

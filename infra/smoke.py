@@ -23,6 +23,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from connectors.topic_reader import read_to_end
 from infra.stack import Endpoints, Stack
 from tidemark.settings import Settings
+from tidemark.storage import tables_root
 
 COMMITTED = 1000
 ABORTED = 250
@@ -70,7 +71,7 @@ def _spark_checks(settings: Settings, endpoints: Endpoints, topic: str) -> list[
     # The product's session: started here once, used again by the product step, stopped by run_demo.
     from orchestration.flows import spark_session
 
-    table = str(settings.home_dir / "demo" / f"smoke-{topic}")
+    table = tables_root(settings, "demo", f"smoke-{topic}")
     spark = spark_session()
     df = (spark.read.format("kafka")
           .options(**endpoints.kafka_spark_options())  # read_committed

@@ -56,17 +56,22 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
-def driver_class_path(home: Path) -> tuple[str, ...]:
-    """The jars a local driver loads, in order: what its class-data sharing archive is keyed on (infra.cds)."""
+def driver_class_path(home: Path, *, s3: bool = False) -> tuple[str, ...]:
+    """The jars a local driver loads, in order: what its class-data sharing archive is keyed on (infra.cds).
+
+    ``s3``: with S3A and the AWS SDK modules it needs (``TIDEMARK_STORAGE=s3``).
+    """
     spark_jars = jar_cache.resolve(home, "spark")
+    s3_jars = jar_cache.resolve(home, "s3").jars if s3 else []
     tidemark_jar = udfs.build(home)  # with udfs.fs_jar_path(home) beside it
-    return (str(udfs.fs_jar_path(home)), *(str(j) for j in spark_jars.jars), str(tidemark_jar))
+    return (str(udfs.fs_jar_path(home)), *(str(j) for j in [*spark_jars.jars, *s3_jars]), str(tidemark_jar))
 
 
 def spark_conf(settings: Settings, *, warehouse: Path | None = None) -> dict[str, str]:
     """Every Spark setting Tidemark relies on, as a plain dict (also used by spark-submit docs)."""
     home = settings.home_dir
-    class_path = driver_class_path(home)
+    s3 = settings.storage == "s3"
+    class_path = driver_class_path(home, s3=s3)
     conf = {
         "spark.master": settings.spark.master,
         "spark.jars": ",".join(class_path[1:]),
@@ -99,6 +104,10 @@ def spark_conf(settings: Settings, *, warehouse: Path | None = None) -> dict[str
             f"{cds.driver_options(cds.archive_path(home, class_path)) if settings.spark.class_data_sharing else ''}"
         ).strip(),
     }
+    if s3:
+        from tidemark.storage import s3_access
+
+        conf.update(s3_access(settings, strict=False).spark_conf())
     if settings.spark.master.startswith("local"):
         conf["spark.driver.bindAddress"] = "127.0.0.1"
         conf["spark.driver.host"] = "127.0.0.1"

@@ -2,7 +2,8 @@
 
 Each service is embedded unless its setting points at an existing server: with
 ``TIDEMARK_KAFKA__BOOTSTRAP_SERVERS`` set no broker is started, with
-``TIDEMARK_POSTGRES__DSN`` set no PostgreSQL is started. Spark is always a library
+``TIDEMARK_POSTGRES__DSN`` set no PostgreSQL is started, and an S3 server runs only with
+``TIDEMARK_STORAGE=s3`` and no ``TIDEMARK_S3__ENDPOINT``. Spark is always a library
 inside the calling process (``local[*]``) or a cluster named by ``TIDEMARK_SPARK__MASTER``.
 """
 
@@ -17,6 +18,7 @@ from infra import jars as jar_cache
 from infra.kafka import EmbeddedKafka
 from infra.postgres import EmbeddedPostgres
 from infra.prefect_server import EmbeddedPrefect
+from infra.s3 import EmbeddedS3
 from tidemark.config import KafkaConnection, KafkaSecurity
 from tidemark.settings import Settings
 
@@ -64,6 +66,16 @@ class Stack:
         tls = pg.security == "tls"
         return EmbeddedPostgres(self.root / ("postgres-tls" if tls else "postgres"), port=pg.port, tls=tls)
 
+    def s3(self) -> EmbeddedS3 | None:
+        """The embedded S3 server, with ``TIDEMARK_STORAGE=s3`` and no endpoint of the user's."""
+        if self.settings.storage != "s3" or self.settings.s3.endpoint is not None:
+            return None
+        from tidemark.storage import EMBEDDED_CREDENTIALS
+
+        c = self.settings.s3
+        return EmbeddedS3(self.root / "s3", self.settings.home_dir, port=c.port, bucket=c.bucket,
+                          credentials=self.settings.home_dir / EMBEDDED_CREDENTIALS)
+
     def prefect(self) -> EmbeddedPrefect | None:
         """The embedded Prefect server, unless ``PREFECT_API_URL`` names one."""
         if os.environ.get("PREFECT_API_URL"):
@@ -90,17 +102,16 @@ class Stack:
     def up(self) -> Endpoints:
         """Start what is embedded and not running yet; idempotent."""
         jar_cache.resolve(self.settings.home_dir, "spark")
-        pg = self.postgres()
-        if pg:
-            pg.start()
-        kafka = self.kafka()
-        if kafka:
-            try:
-                kafka.start()
-            except BaseException:
-                if pg:
-                    pg.stop()
-                raise
+        started: list[EmbeddedPostgres | EmbeddedKafka | EmbeddedS3] = []
+        try:
+            for server in (self.s3(), self.postgres(), self.kafka()):
+                if server:
+                    server.start()
+                    started.append(server)
+        except BaseException:
+            for server in reversed(started):
+                server.stop()
+            raise
         return self.endpoints()
 
     def down(self) -> None:
@@ -113,6 +124,9 @@ class Stack:
         pg = self.postgres()
         if pg:
             pg.stop()
+        s3 = self.s3()
+        if s3:
+            s3.stop()
 
     def status(self) -> list[tuple[str, str, str]]:
         """(component, version, where/state) rows for ``tidemark stack status``."""
@@ -136,6 +150,12 @@ class Stack:
             rows.append(("Prefect server (embedded)", _prefect_version(), prefect.describe()))
         else:
             rows.append(("Prefect server (external)", _prefect_version(), os.environ["PREFECT_API_URL"]))
+        s3 = self.s3()
+        if s3:
+            rows.append(("S3 (embedded s3proxy)", jar_cache.resolve(self.settings.home_dir, "s3proxy")
+                         .version_of("s3proxy").removesuffix("-jar-with-dependencies"), s3.describe()))
+        elif self.settings.storage == "s3":
+            rows.append(("S3 (external)", "-", str(self.settings.s3.endpoint)))
         v = versions(self.settings)
         rows.append(("Spark", v["pyspark"], self.settings.spark.master))
         rows.append(("Delta Lake", v["delta-spark (jar)"], f"python package {v['delta-spark (python)']}"))

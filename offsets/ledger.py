@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from offsets.tables import delta_table_exists
 from tidemark.errors import TerminalError
+from tidemark.storage import delta_rs_options
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Observation, SparkSession
@@ -291,12 +292,14 @@ class Ledger:
                                     app_transactions=[Transaction(app_id, intent.batch_id)], **retries)
 
         try:
-            table = DeltaTable(self.path)  # the snapshot the commit is checked against
+            # the snapshot the commit is checked against
+            table = DeltaTable(self.path, storage_options=delta_rs_options(self.path))
         except TableNotFoundError:
             # No retry: delta-rs would retry a create that lost the race for version 0 as
             # version 1, with a second txn of the same batch (a test caught two claims).
             try:
                 write_deltalake(self.path, pa.Table.from_pylist([row], schema=_arrow_schema()), mode="error",
+                                storage_options=delta_rs_options(self.path),
                                 configuration=self.table_properties or None,
                                 commit_properties=commit(max_commit_retries=0))
             except DeltaError:
@@ -392,7 +395,7 @@ def _open(path: str) -> Any:
     from deltalake.exceptions import TableNotFoundError
 
     try:
-        return DeltaTable(path)
+        return DeltaTable(path, storage_options=delta_rs_options(path))
     except TableNotFoundError:
         return None
 

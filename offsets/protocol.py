@@ -86,6 +86,7 @@ from offsets.ledger import TP, Intent, Ledger, LedgerMismatchError, now_utc, rec
 from offsets.planner import plan_ranges
 from offsets.tables import checkpoint_if_due, read_small_file, txn_version, warm_snapshot, write_small_file
 from tidemark.errors import TerminalError, TransientError
+from tidemark.storage import require_exclusive_commits
 
 log = logging.getLogger(__name__)
 
@@ -270,6 +271,7 @@ class CommitProtocol:
         revise: Revise | None = None, table_properties: Mapping[str, str] | None = None,
         checkpoint_every: int | None = None,
     ) -> None:
+        require_exclusive_commits(spark, (target, quarantine, ledger))
         self.spark = spark
         self.pipeline = pipeline
         self.target = target

@@ -14,11 +14,12 @@ work as well, but makes Spark log an error for every absent table.
 
 from __future__ import annotations
 
-import os
 import weakref
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
+
+from tidemark.storage import arrow_filesystem, delta_rs_options
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -80,7 +81,7 @@ def txn_version(path: str, app_id: str) -> int | None:
     from deltalake.exceptions import TableNotFoundError
 
     try:
-        table = DeltaTable(path)
+        table = DeltaTable(path, storage_options=delta_rs_options(path))
     except TableNotFoundError:
         return None  # no table yet, or its first commit still in flight
     return table.transaction_version(app_id)
@@ -103,7 +104,7 @@ def checkpoint_if_due(path: str, every: int) -> int | None:
 
     from deltalake import DeltaTable
 
-    table = DeltaTable(path)
+    table = DeltaTable(path, storage_options=delta_rs_options(path))
     version = table.version()
     last = read_text(path.rstrip("/") + "/_delta_log/_last_checkpoint")
     newest = int(json.loads(last)["version"]) if last else 0
@@ -205,7 +206,7 @@ def table_shape(path: str, vacuumed: tuple[datetime, float] | None = None) -> Ta
     from deltalake.exceptions import TableNotFoundError
 
     try:
-        table = DeltaTable(path)
+        table = DeltaTable(path, storage_options=delta_rs_options(path))
     except TableNotFoundError:
         return None
     sizes = table.get_add_actions(flatten=True).column("size_bytes").to_pylist()
@@ -223,7 +224,7 @@ def _log_listing(path: str) -> tuple[dict[int, float], list[int]]:
     """The ``_delta_log``'s commit versions (with modification times, epoch seconds) and checkpoint versions."""
     import pyarrow.fs as pafs
 
-    fs, root = pafs.FileSystem.from_uri(_arrow_uri(path.rstrip("/") + "/_delta_log"))
+    fs, root = arrow_filesystem(path.rstrip("/") + "/_delta_log")
     commits: dict[int, float] = {}
     checkpoints: list[int] = []
     for info in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
@@ -238,20 +239,11 @@ def _log_listing(path: str) -> tuple[dict[int, float], list[int]]:
     return commits, checkpoints
 
 
-def _arrow_uri(path: str) -> str:
-    """A Hadoop-style path as pyarrow names it (``s3a://`` is ``s3://``; a bare path is local)."""
-    if path.startswith("s3a://"):
-        return "s3://" + path[len("s3a://"):]
-    if "://" not in path:
-        return "file://" + os.path.abspath(path)
-    return path
-
-
 def read_text(path: str) -> str | None:
     """A small file's text through pyarrow (no JVM), or None if it does not exist."""
     import pyarrow.fs as pafs
 
-    fs, where = pafs.FileSystem.from_uri(_arrow_uri(path))
+    fs, where = arrow_filesystem(path)
     if fs.get_file_info(where).type == pafs.FileType.NotFound:
         return None
     with fs.open_input_stream(where) as stream:

@@ -26,6 +26,7 @@ import yaml
 from infra.sample_app import SampleApp
 from infra.stack import Endpoints
 from tidemark.settings import Settings
+from tidemark.storage import tables_root
 
 SCHEMA = "order_id BIGINT, amount DOUBLE, carrier STRING"
 
@@ -50,7 +51,7 @@ def _write_config(settings: Settings, endpoints: Endpoints, run: str) -> Path:
         "relay": {"id": f"demo-{run}", "table": f"public.demo_outbox_{run}", "topic": f"demo.{run}.{{aggregatetype}}",
                   "offsets_topic": f"demo.{run}.relay-offsets", "ack_every": 20},
         "pipelines": [{"name": "shop", "topic_pattern": rf"demo\.{run}\.(order|payment|shipment)",
-                       "target": str(root / "events"), "schema": SCHEMA, "dedup": {},
+                       "target": f"{tables_root(settings, 'demo', run)}/events", "schema": SCHEMA, "dedup": {},
                        "lineage": ["topic", "partition", "offset", "timestamp", "key", "batch_id"],
                        "schedule": {"retries": 2, "retry_delay_seconds": 2}}],
     }, sort_keys=False))

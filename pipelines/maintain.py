@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 from offsets.tables import delta_table_exists, maintenance_marker, read_text, table_shape, write_small_file
 from tidemark.config import PipelineConfig
 from tidemark.errors import ConfigError, TransientError
+from tidemark.storage import require_exclusive_commits
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -111,6 +112,7 @@ def maintain(spark: SparkSession, pipeline: PipelineConfig, *, apply_properties:
         log.warning("VACUUM retention %.2g hours: files of a batch being written right now could be deleted; "
                     "use this only while nothing writes to %s's tables", hours, pipeline.name)
     report = MaintenanceReport(pipeline.name, _now(), hours, properties_applied=apply_properties)
+    require_exclusive_commits(spark, [path for _, path in tables_of(pipeline)])
     existing = [(role, path) for role, path in tables_of(pipeline) if delta_table_exists(spark, path)]
     if apply_properties:
         props = ", ".join(f"'{k}' = '{v}'" for k, v in pipeline.maintenance.table_properties().items())

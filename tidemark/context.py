@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tidemark.config import PipelineConfig, TidemarkConfig, load_config
 from tidemark.settings import settings
+from tidemark.storage import check_reachable
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ def resolve_bootstrap(config: TidemarkConfig) -> str:
 def pipeline_context(config_path: str | Path, name: str) -> PipelineContext:
     config = load(config_path).for_pipeline(name)
     pipeline = config.pipeline(name)
+    check_reachable((pipeline.target, pipeline.quarantine_path, pipeline.ledger_path))
     bootstrap = resolve_bootstrap(config)
     preflight(config, bootstrap, pipeline.topics)
     return PipelineContext(config, pipeline, bootstrap)

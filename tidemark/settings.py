@@ -74,6 +74,35 @@ class SparkSettings(BaseModel):
     """Start the driver JVM from the class archive ``make bootstrap`` trains (infra.cds), when there is one."""
 
 
+class S3Settings(BaseModel):
+    """How Spark and delta-rs reach an S3-compatible object store (``TIDEMARK_S3__*``).
+
+    Credentials never go in ``tidemark.yaml``: give them here (the secret from the
+    environment), in an AWS shared-credentials file, or leave both unset for the AWS default
+    chain (environment, profile, instance role). The embedded server's own credentials are
+    a file it writes under the stack's home.
+    """
+
+    model_config = _SECTION
+
+    endpoint: str | None = None
+    """URL of the S3 endpoint (``https://s3.eu-west-1.amazonaws.com``, ``http://minio:9000``); unset
+    with ``TIDEMARK_STORAGE=s3`` runs the embedded server (s3proxy) on 127.0.0.1."""
+    port: Port = 19000
+    """Port of the embedded S3 server on 127.0.0.1."""
+    bucket: str = "tidemark"
+    """The bucket the embedded server creates and the demo's tables live in."""
+    region: str = "us-east-1"
+    """Signing region."""
+    access_key_id: str | None = None
+    secret_access_key: SecretStr | None = None
+    credentials_file: Path | None = None
+    """An AWS shared-credentials file (``[default]`` with ``aws_access_key_id`` and
+    ``aws_secret_access_key``), read when a client is configured."""
+    path_style: bool = True
+    """Address buckets as ``endpoint/bucket`` (every S3-compatible server), not ``bucket.endpoint``."""
+
+
 class Settings(BaseSettings):
     """Everything Tidemark reads from the environment."""
 
@@ -91,6 +120,12 @@ class Settings(BaseSettings):
     postgres: PostgresSettings = PostgresSettings()
     spark: SparkSettings = SparkSettings()
     prefect: PrefectSettings = PrefectSettings()
+    storage: Literal["local", "s3"] = "local"
+    """Where tables may live: ``local`` paths (and HDFS, ABFS, GCS through Delta's own stores) or
+    also ``s3a://`` ones, which loads S3A and Tidemark's conditional-write log store into Spark
+    (docs/operations.md, "Object storage"). With ``s3`` and no ``s3.endpoint``, ``tidemark stack up``
+    runs an embedded S3 server."""
+    s3: S3Settings = S3Settings()
 
     @property
     def home_dir(self) -> Path:
