@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-slow bootstrap lint clean
+.PHONY: demo test test-slow test-s3 bootstrap lint clean
 
 demo: bootstrap
 	$(BIN)/tidemark demo
@@ -16,6 +16,11 @@ test: bootstrap
 # Fault-injection tests (broker kills, SIGKILL harnesses); CI's second stage.
 test-slow: bootstrap
 	$(BIN)/pytest -m slow
+
+# The same guarantees on s3a:// tables, against an embedded S3 server; CI's third stage.
+test-s3: bootstrap
+	TIDEMARK_STORAGE=s3 $(BIN)/python -m infra.jars
+	TIDEMARK_TEST_STORAGE=s3 $(BIN)/pytest -m s3
 
 bootstrap: $(STAMP)
 	$(BIN)/python -m infra.jars
