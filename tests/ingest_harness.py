@@ -25,7 +25,7 @@ from tests.kafka_helpers import read_all, transactional_producer
 SCHEMA = "id BIGINT, note STRING"
 
 
-def write_config(path: Path, bootstrap: str, target: Path, *, topics: list[str] | None = None,
+def write_config(path: Path, bootstrap: str, target: Path | str, *, topics: list[str] | None = None,
                  name: str = "orders", security: dict[str, Any] | None = None, **pipeline: Any) -> Path:
     source: dict[str, Any] = {"topics": topics} if topics else {}
     path.write_text(yaml.safe_dump({
@@ -41,15 +41,16 @@ class Pipeline:
 
     topic: str
     config: Path
-    target: Path
+    target: Path | str
     ledger: Any
 
     @classmethod
     def create(cls, spark: Any, bootstrap: str, topic: str, tmp: Path, *, security: dict[str, Any] | None = None,
-               **pipeline: Any) -> Pipeline:
+               root: str | None = None, **pipeline: Any) -> Pipeline:
+        """The config in ``tmp``; the tables there too, or under ``root`` (the ``table_root`` fixture's)."""
         from offsets.ledger import Ledger
 
-        target = tmp / "orders"
+        target: Path | str = f"{root}/orders" if root else tmp / "orders"
         config = write_config(tmp / "tidemark.yaml", bootstrap, target, topics=[topic], security=security, **pipeline)
         return cls(topic, config, target, Ledger(spark, str(target) + "_tidemark_ledger", "orders"))
 
@@ -158,9 +159,11 @@ def target_commits_per_batch(spark: Any, target: str, pipeline: str = "orders") 
     return batches
 
 
-def delta_versions(table: Path) -> int:
+def delta_versions(table: Path | str) -> int:
     """Committed versions of a Delta table, from its log's file names (no Spark needed)."""
-    log = table / "_delta_log"
+    from tests.conftest import on_disk
+
+    log = on_disk(str(table)) / "_delta_log"
     return sum(1 for f in log.glob("*.json") if f.stem.isdigit()) if log.is_dir() else 0
 
 
@@ -174,7 +177,7 @@ def wait_while_running(done: Callable[[], bool], proc: subprocess.Popen[Any], lo
         time.sleep(interval)
 
 
-def wait_for_new_version(table: Path, before: int, proc: subprocess.Popen[Any], log: Path,
+def wait_for_new_version(table: Path | str, before: int, proc: subprocess.Popen[Any], log: Path,
                          timeout: float = 180) -> None:
     """Until ``table`` has more than ``before`` versions, while the ingest ``proc`` (output in ``log``) runs."""
     wait_while_running(lambda: delta_versions(table) > before, proc, log, "commit", timeout, 0.2)

@@ -698,7 +698,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from tidemark.logs import configure
 
-    log_file = configure(settings().home_dir, verbose=args.verbose, debug=args.debug,
+    try:
+        home = settings().home_dir
+    except TidemarkError as exc:  # settings invalid in the environment: say which, no traceback
+        print(f"tidemark: {exc}", file=sys.stderr)
+        return exc.exit_code
+    log_file = configure(home, verbose=args.verbose, debug=args.debug,
                          formatter=JsonFormatter() if args.log_json else None)
     func: Callable[[argparse.Namespace], int] = args.func
     try:

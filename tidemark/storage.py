@@ -22,7 +22,7 @@ import os
 import urllib.error
 import urllib.request
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
@@ -67,6 +67,8 @@ class S3Access:
     secret_access_key: str | None = field(default=None, repr=False)
     source: str = "the AWS default chain"
     """Where the credentials came from, for messages."""
+    embedded: bool = False
+    """The embedded server's (``TIDEMARK_STORAGE=s3`` with no endpoint)."""
 
     @property
     def url(self) -> str:
@@ -74,7 +76,8 @@ class S3Access:
 
     @property
     def setting(self) -> str:
-        return "TIDEMARK_S3__ENDPOINT"
+        """The setting that names :attr:`url`."""
+        return "TIDEMARK_S3__PORT" if self.embedded else "TIDEMARK_S3__ENDPOINT"
 
     def spark_conf(self) -> dict[str, str]:
         """S3A's settings and Tidemark's log store, as Spark session settings."""
@@ -133,12 +136,12 @@ def s3_access(s: Settings | None = None, *, strict: bool = True) -> S3Access:
     c = s.s3
     embedded = s.storage == "s3" and c.endpoint is None
     endpoint = embedded_endpoint(s) if embedded else c.endpoint
-    base = S3Access(endpoint, c.region, c.path_style)
+    base = S3Access(endpoint, c.region, c.path_style, embedded=embedded)
     if c.access_key_id or c.secret_access_key:
         if not (c.access_key_id and c.secret_access_key):
             raise ConfigError("give both TIDEMARK_S3__ACCESS_KEY_ID and TIDEMARK_S3__SECRET_ACCESS_KEY, or neither")
-        return S3Access(endpoint, c.region, c.path_style, c.access_key_id, c.secret_access_key.get_secret_value(),
-                        "TIDEMARK_S3__ACCESS_KEY_ID")
+        return replace(base, access_key_id=c.access_key_id, secret_access_key=c.secret_access_key.get_secret_value(),
+                       source="TIDEMARK_S3__ACCESS_KEY_ID")
     if c.credentials_file is not None:
         return _from_file(base, c.credentials_file.expanduser(), "TIDEMARK_S3__CREDENTIALS_FILE")
     if embedded:
@@ -164,7 +167,7 @@ def _from_file(base: S3Access, path: Path, setting: str) -> S3Access:
     key, secret = (section.get("aws_access_key_id"), section.get("aws_secret_access_key")) if section else (None, None)
     if not (key and secret):
         raise ConfigError(f"{setting}: {path} has no [{profile}] with aws_access_key_id and aws_secret_access_key")
-    return S3Access(base.endpoint, base.region, base.path_style, key, secret, str(path))
+    return replace(base, access_key_id=key, secret_access_key=secret, source=str(path))
 
 
 def write_credentials(path: Path, access_key_id: str, secret_access_key: str) -> None:
@@ -218,7 +221,7 @@ def check_reachable(paths: Iterable[str], s: Settings | None = None) -> None:
         return
     s = s or settings()
     require_s3_enabled(paths, s)
-    access = s3_access(s)
+    access = s3_access(s, strict=False)
     try:
         with urllib.request.urlopen(urllib.request.Request(access.url, method="HEAD"), timeout=REACH_SECONDS):
             pass
@@ -226,11 +229,11 @@ def check_reachable(paths: Iterable[str], s: Settings | None = None) -> None:
         pass  # it answered (403 to an anonymous request is an answer)
     except (OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
-        embedded = s.storage == "s3" and s.s3.endpoint is None
-        hint = ("start the embedded server: `tidemark stack up` (with TIDEMARK_STORAGE=s3)" if embedded
+        hint = ("start the embedded server: `tidemark stack up` (with TIDEMARK_STORAGE=s3)" if access.embedded
                 else f"check {access.setting} and that the server runs")
         raise ServiceUnavailableError(f"the S3 endpoint {access.url} ({access.setting}) did not answer within "
                                       f"{REACH_SECONDS:.0f} s: {reason}; {hint}") from None
+    s3_access(s)  # the credentials can be found
 
 
 def require_exclusive_commits(spark: SparkSession, paths: Iterable[str]) -> None:

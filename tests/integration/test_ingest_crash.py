@@ -52,11 +52,13 @@ def _wait_for_claim(ledger: Ledger, before: int, proc: subprocess.Popen[bytes], 
     wait_while_running(lambda: _newest(ledger) > before, proc, log, "batch claimed", timeout, 0.5)
 
 
+@pytest.mark.s3  # and on s3a:// tables in the S3 stage
 @pytest.mark.timeout(1800)  # ~6 min on 2 cores; each batch also runs G3's planning scan
 def test_exactly_once_after_sigkill_at_random_instants(spark, kafka_bootstrap: str, topic_factory,  # type: ignore[no-untyped-def]
-                                                       tmp_path: Path) -> None:
+                                                       tmp_path: Path, table_root: str) -> None:
     topic = topic_factory("chaos", partitions=4)
-    p = Pipeline.create(spark, kafka_bootstrap, topic, tmp_path, max_records_per_batch=1500, trigger_interval_seconds=0.5)
+    p = Pipeline.create(spark, kafka_bootstrap, topic, tmp_path, max_records_per_batch=1500, trigger_interval_seconds=0.5,
+                        root=table_root)
     target, config, ledger = p.target, p.config, p.ledger
     chooser = random.Random(20261122)
     producer = BackgroundProducer(kafka_bootstrap, topic, pause=0.1)

@@ -68,10 +68,12 @@ def test_follow_finishes_the_batch_in_flight_on_sigterm(spark, kafka_bootstrap: 
     assert_exactly_once(spark, str(target), kafka_bootstrap, [topic])
 
 
+@pytest.mark.s3  # and on s3a:// tables in the S3 stage
 def test_two_concurrent_runs_never_both_commit_a_batch(spark, kafka_bootstrap: str, topic_factory,  # type: ignore[no-untyped-def]
-                                                       tmp_path: Path) -> None:
+                                                       tmp_path: Path, table_root: str) -> None:
     topic = topic_factory("rivals", partitions=3)
-    p = Pipeline.create(spark, kafka_bootstrap, topic, tmp_path, max_records_per_batch=200, trigger_interval_seconds=0.2)
+    p = Pipeline.create(spark, kafka_bootstrap, topic, tmp_path, max_records_per_batch=200, trigger_interval_seconds=0.2,
+                        root=table_root)
     target, config, ledger = p.target, p.config, p.ledger
     producer = BackgroundProducer(kafka_bootstrap, topic, pause=0.1)
     producer.start()

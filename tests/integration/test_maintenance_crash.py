@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from delta.tables import DeltaTable
 
+from tests.conftest import on_disk
 from tests.ingest_harness import (
     delta_versions,
     ingest_argv,
@@ -74,10 +75,10 @@ class Writer(threading.Thread):
         assert self.written > 50 and self.aborted > 10, (self.written, self.aborted)
 
 
-def _wait_for_compaction(table: Path, after: int, proc: subprocess.Popen[bytes], log: Path) -> None:
+def _wait_for_compaction(table: str, after: int, proc: subprocess.Popen[bytes], log: Path) -> None:
     deadline = time.monotonic() + 300
     while True:
-        fresh = [f for f in (table / "_delta_log").glob("*.json") if f.stem.isdigit() and int(f.stem) >= after]
+        fresh = [f for f in (on_disk(table) / "_delta_log").glob("*.json") if f.stem.isdigit() and int(f.stem) >= after]
         if any('"operation":"OPTIMIZE"' in f.read_text() for f in fresh):
             return
         assert proc.poll() is None, f"maintain exited {proc.returncode}: {log.read_text()[-2000:]}"
@@ -89,10 +90,11 @@ def _maintain_argv(config: Path) -> list[str]:
     return [sys.executable, "-m", "tidemark.cli", "maintain", "events", "--config", str(config)]
 
 
+@pytest.mark.s3  # and on s3a:// tables in the S3 stage
 def test_maintenance_beside_follow_under_sigkill_keeps_every_version_whole(  # type: ignore[no-untyped-def]
-        spark, kafka_bootstrap: str, topic_factory, tmp_path: Path) -> None:
+        spark, kafka_bootstrap: str, topic_factory, tmp_path: Path, table_root: str) -> None:
     topics = [topic_factory("maint-a", partitions=2), topic_factory("maint-b", partitions=2)]
-    target = tmp_path / "events"
+    target = f"{table_root}/events"
     config = write_config(tmp_path / "tidemark.yaml", kafka_bootstrap, target, topics=topics, name="events",
                           schema="n BIGINT", max_records_per_batch=100, trigger_interval_seconds=0.5)
     writer = Writer(kafka_bootstrap, topics)

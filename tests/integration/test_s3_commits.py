@@ -157,7 +157,7 @@ class LosingProxy(threading.Thread):
         except OSError:
             pass
         finally:
-            server.close()
+            _hang_up(server)
 
     def _replies(self, server: socket.socket, client: socket.socket, state: dict[str, bool]) -> None:
         try:
@@ -170,11 +170,20 @@ class LosingProxy(threading.Thread):
         except OSError:
             pass
         finally:
-            client.close()
-            server.close()
+            _hang_up(client)
+            _hang_up(server)
 
     def close(self) -> None:
         self.listener.close()
+
+
+def _hang_up(sock: socket.socket) -> None:
+    """Close now: a plain close leaves the connection open while another thread is blocked reading it."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
 
 
 def test_a_commit_whose_reply_is_lost_lands_once_and_is_not_a_conflict(tmp_path: Path) -> None:
