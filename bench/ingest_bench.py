@@ -242,13 +242,13 @@ def _delta_rows(path: Path) -> int:
     return DeltaTable(str(path)).to_pyarrow_dataset().count_rows()
 
 
-def verify(spark: Any, target: Path, expected: int) -> None:
+def verify(spark: Any, target: Path | str, expected: int) -> None:
     """Exactly the committed records, each once: count and distinct (partition, offset) agree."""
     df = spark.read.format("delta").load(str(target))
     stats = df.selectExpr("count(*) AS n", "count(DISTINCT _kafka_partition, _kafka_offset) AS d",
                           "count(order_id) AS parsed").first()
     if not (stats.n == stats.d == stats.parsed == expected):
-        raise AssertionError(f"{target.name}: {stats.n} rows, {stats.d} distinct offsets, {stats.parsed} parsed; "
+        raise AssertionError(f"{target}: {stats.n} rows, {stats.d} distinct offsets, {stats.parsed} parsed; "
                              f"expected {expected}")
 
 

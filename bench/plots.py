@@ -117,6 +117,14 @@ def ingest(data: dict[str, Any]) -> Figure:
                     ["throughput"], {n: [data["records"] / med[n]] for n in names}, "records/s")
 
 
+def s3(data: dict[str, Any]) -> Figure:
+    med = data["median_seconds"]
+    names = [n for n in ("tidemark-local", "tidemark-s3", "structured-streaming-s3") if n in med]
+    return _grouped(f"Ingest of {data['records']:,} records to s3a:// (S3 vs local {data['ratio_s3_vs_local']:.2f}×, "
+                    f"vs Structured Streaming on S3 {data['ratio_vs_structured_streaming_s3']:.2f}×)",
+                    ["throughput"], {n: [data["records"] / med[n]] for n in names}, "records/s")
+
+
 def history_properties(data: dict[str, Any]) -> Figure:
     summary = data["summary"]
     return _grouped(f"Table properties: seconds per {data['records']:,}-record batch ({data['batches']} batches)",
@@ -192,7 +200,7 @@ CHARTS: dict[str, Callable[[dict[str, Any]], Figure]] = {
     "revisions": revisions, "jit_bench": jit, "local_fs_bench": local_fs,
     "reader_reuse_bench": reader_reuse, "ingest_bench": ingest, "serve_bench": serve, "history_properties": history_properties,
     "relay_bench": relay, "g3_bench": g3, "freshness_bench": freshness, "position_bench": position,
-    "status_bench": status, "history_bench": history, "history_day": history_day,
+    "status_bench": status, "history_bench": history, "history_day": history_day, "s3_bench": s3,
 }
 
 
