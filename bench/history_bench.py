@@ -32,6 +32,7 @@ runs are real ``OPTIMIZE``/``VACUUM`` commits between stretches of synthetic ver
 
     .venv/bin/python -m bench.history_bench --json docs/bench/history.json --png docs/bench/history.png
     .venv/bin/python -m bench.history_bench --delta-log-store      # the same with Delta's own log store
+    .venv/bin/python -m bench.history_bench --s3 --json docs/bench/history_s3.json --png docs/bench/history_s3.png
     .venv/bin/python -m bench.history_bench --day                  # a simulated day, then one maintain
     .venv/bin/python -m bench.history_bench --properties --batches 60   # auto-compaction, optimized writes
 """
@@ -47,6 +48,7 @@ import sys
 import tempfile
 import time
 import uuid
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +57,20 @@ from bench.common import emit, emit_json, header, kafka_broker, loadavg, report_
 PIPELINES = ("fresh", "unmaintained", "maintained")
 
 
+#: ``--s3``: the embedded S3 server's backing directory, where the synthetic history is written
+#: directly (as on a local path; the measured batches go through S3).
+S3_BACKEND: list[Path] = []
+
+
+def _local(table: str) -> Path:
+    """The directory of ``table`` on this machine: itself, or on ``s3a://`` the S3 server's backing directory."""
+    if table.startswith("s3a://"):
+        return S3_BACKEND[0] / table.split("://", 1)[1]
+    return Path(table)
+
+
 def _log_file(table: str, version: int) -> Path:
-    return Path(table) / "_delta_log" / f"{version:020d}.json"
+    return _local(table) / "_delta_log" / f"{version:020d}.json"
 
 
 def _hadoop_checksum(data: bytes) -> bytes:
@@ -69,13 +83,15 @@ def _hadoop_checksum(data: bytes) -> bytes:
 
 
 def _write_log_entry(path: Path, data: bytes) -> None:
-    """A ``_delta_log`` file and Hadoop's checksum beside it: what a real commit leaves on a local path."""
+    """A ``_delta_log`` file and Hadoop's checksum beside it: what a real commit leaves on a local path
+    (S3A writes no checksum files)."""
     path.write_bytes(data)
-    path.with_name(f".{path.name}.crc").write_bytes(_hadoop_checksum(data))
+    if not S3_BACKEND:
+        path.with_name(f".{path.name}.crc").write_bytes(_hadoop_checksum(data))
 
 
 def _latest_version(table: str) -> int:
-    return max(int(p.name.split(".")[0]) for p in (Path(table) / "_delta_log").glob("*.json"))
+    return max(int(p.name.split(".")[0]) for p in (_local(table) / "_delta_log").glob("*.json"))
 
 
 class Template:
@@ -96,7 +112,7 @@ class Template:
         self.files = {}
         for add in self.adds:
             self.files[add["path"]] = keep / Path(add["path"]).name
-            shutil.copyfile(Path(table) / add["path"], self.files[add["path"]])
+            shutil.copyfile(_local(table) / add["path"], self.files[add["path"]])
         self.rows = {a["path"]: pq.read_table(self.files[a["path"]], coerce_int96_timestamp_unit="us")
                      for a in self.adds} if ledger else {}
         self.int96 = ledger and any("INT96" in str(pq.ParquetFile(f).schema) for f in self.files.values())
@@ -130,13 +146,13 @@ class Template:
                     data = self.rows[add["path"]]
                     data = data.set_column(data.schema.get_field_index("batch_id"), "batch_id",
                                            pa.array([batch] * data.num_rows, pa.int64()))
-                    pq.write_table(data, Path(table) / name, use_deprecated_int96_timestamps=self.int96)
+                    pq.write_table(data, _local(table) / name, use_deprecated_int96_timestamps=self.int96)
                     stats = json.loads(add["stats"])
                     stats["minValues"]["batch_id"] = stats["maxValues"]["batch_id"] = batch
                     new["stats"] = json.dumps(stats, separators=(",", ":"))
-                    new["size"] = os.path.getsize(Path(table) / name)
+                    new["size"] = os.path.getsize(_local(table) / name)
                 else:
-                    os.link(self.files[add["path"]], Path(table) / name)
+                    os.link(self.files[add["path"]], _local(table) / name)
                 lines.append({"add": new})
             log_file = _log_file(table, head + 1 + step)
             _write_log_entry(log_file, ("\n".join(json.dumps(x, separators=(",", ":")) for x in lines)
@@ -146,7 +162,13 @@ class Template:
                 # version); its content is version 0's, so none is left on the newest version,
                 # the only one whose checksum a snapshot load reads.
                 _write_log_entry(log_file.with_suffix(".crc"), self.checksum)
-        DeltaTable(table).create_checkpoint()
+        from tidemark.storage import delta_rs_options
+
+        DeltaTable(table, storage_options=delta_rs_options(table)).create_checkpoint()
+
+
+def _root(work: Path, name: str) -> str:
+    return f"s3a://bench/history-{name}-{uuid.uuid4().hex[:6]}" if S3_BACKEND else str(work / name)
 
 
 class Setup:
@@ -158,7 +180,7 @@ class Setup:
         self.name = name
         self.topic = f"history-{name}-{uuid.uuid4().hex[:6]}"
         self.config = parse_config({"kafka": {"bootstrap_servers": bootstrap}, "pipelines": [
-            {"name": name, "topics": [self.topic], "target": str(work / name), "schema": "id BIGINT, note STRING",
+            {"name": name, "topics": [self.topic], "target": _root(work, name), "schema": "id BIGINT, note STRING",
              "max_records_per_batch": records, "transactions": {"atomic": False},
              "schedule": {"ingest_every_seconds": None, "audit_every_seconds": None}}]})
         self.pipeline = self.config.pipelines[0]
@@ -338,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="instead: a simulated day of 5-second batches, then one maintain; files per table")
     parser.add_argument("--delta-log-store", action="store_true",
                         help="list _delta_log with Delta's own HDFSLogStore, not Tidemark's (what it buys)")
+    parser.add_argument("--s3", action="store_true",
+                        help="every table on s3a:// on the embedded S3 server (Tidemark's S3 log store)")
     parser.add_argument("--properties", action="store_true",
                         help="instead: per-batch cost with Delta's auto-compaction / optimized writes on vs off")
     report_arguments(parser)
@@ -355,6 +379,12 @@ def main(argv: list[str] | None = None) -> int:
 
     load_before = loadavg()
     work = Path(tempfile.mkdtemp(prefix="tidemark-history-bench-"))
+    storage = ExitStack()
+    if args.s3:
+        from bench.s3_bench import s3_server
+
+        storage.enter_context(s3_server())
+        S3_BACKEND.append(Path(os.environ["TIDEMARK_S3__CREDENTIALS_FILE"]).parent / "data")
     per_batch: dict[str, list[float]] = {n: [] for n in PIPELINES}
     runs: dict[str, list[list[float]]] = {n: [] for n in PIPELINES}
     shapes: dict[str, Any] = {}
@@ -398,11 +428,13 @@ def main(argv: list[str] | None = None) -> int:
                 spark.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        storage.close()
 
     med = {n: statistics.median(v) for n, v in per_batch.items()}
     ratios = {n: med[n] / med["fresh"] for n in PIPELINES}
     files = {n: shapes[n]["target"]["files"] for n in PIPELINES}
-    store = "Delta's own HDFSLogStore (--delta-log-store)" if args.delta_log_store else "Tidemark's log store"
+    store = ("Tidemark's S3 log store on s3a:// (--s3; S3's start-after)" if args.s3 else
+             "Delta's own HDFSLogStore (--delta-log-store)" if args.delta_log_store else "Tidemark's log store")
     lines = ["", *header("Per-batch cost vs history", load_before),
              (f"Kafka {broker_version}, one broker, one partition; batches of {args.records:,} records (~230 B, "
               f"one bad); {args.batches} timed batches per pipeline and round after one warm-up, {args.reps} "
@@ -418,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     emit(lines, args.output)
     emit_json({"benchmark": "history_bench", "versions": args.versions, "fresh_versions": args.fresh,
                "maintain_every": args.maintain_every, "records": args.records, "batches": args.batches,
-               "reps": args.reps, "log_store": "delta" if args.delta_log_store else "tidemark",
+               "reps": args.reps, "log_store": "s3" if args.s3 else "delta" if args.delta_log_store else "tidemark",
                "seconds_per_batch": med, "rounds": per_batch, "runs": runs, "shapes": shapes,
                "ratio_maintained": ratios["maintained"], "ratio_unmaintained": ratios["unmaintained"]},
               args.json, png=args.png)

@@ -472,6 +472,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     bootstrap = resolve_bootstrap(config)
     for p in config.pipelines or [None]:  # each pipeline as its own principal, if it has one
         preflight(config.for_pipeline(p.name) if p else config, bootstrap, p.topics if p else ())
+    from tidemark.storage import check_reachable
+
+    check_reachable([path for p in config.pipelines for path in (p.target, p.quarantine_path, p.ledger_path)])
     quality_dir = settings().home_dir / "quality"
     statuses = [pipeline_status(PipelineContext(config.for_pipeline(p.name), p, bootstrap), quality_dir)
                 for p in config.pipelines]

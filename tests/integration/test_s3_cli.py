@@ -15,7 +15,7 @@ from infra.process import free_port
 from tests.ingest_harness import write_config
 
 
-@pytest.mark.parametrize("command", [["ingest", "orders"], ["maintain", "orders"], ["check", "orders"]])
+@pytest.mark.parametrize("command", [["ingest", "orders"], ["maintain", "orders"], ["check", "orders"], ["status"]])
 def test_a_stopped_s3_endpoint_is_one_line_naming_it_within_10_s(tmp_path: Path, command: list[str]) -> None:
     port = free_port()  # nothing listens there
     config = write_config(tmp_path / "tidemark.yaml", "127.0.0.1:1", "s3a://tables/orders", topics=["orders"])
