@@ -73,6 +73,9 @@ def cmd_stack_up(args: argparse.Namespace) -> int:
         else f"admin's certificate {sec.ssl_certificate_location})")
     print(f"  kafka     {endpoints.kafka_bootstrap}{how}")
     print(f"  postgres  {endpoints.postgres_dsn}")
+    s3 = stack.s3()
+    if s3:
+        print(f"  s3        {s3.endpoint} (bucket {s3.bucket}; credentials in {s3.credentials})")
     if prefect:
         print(f"  prefect   {prefect} (UI {prefect.removesuffix('/api')})")
     print("next: `tidemark stack status`; stop with `tidemark stack down`")
