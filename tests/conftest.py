@@ -132,7 +132,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     server = _S3.pop("server", None)
     if server is not None:
         server.stop()  # type: ignore[attr-defined]
-        shutil.rmtree(_S3.pop("root"), ignore_errors=True)  # type: ignore[arg-type]
+        if os.environ.get("TIDEMARK_TEST_KEEP_S3"):  # to read a failed test's objects afterwards
+            print(f"\nthe S3 stage's objects are kept in {server.data}")  # type: ignore[attr-defined]
+        else:
+            shutil.rmtree(_S3.pop("root"), ignore_errors=True)  # type: ignore[arg-type]
 
 
 def s3_server():  # type: ignore[no-untyped-def]

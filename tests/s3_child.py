@@ -7,6 +7,8 @@ and record whether the store said it committed.
 
 ``python -m tests.s3_child append TABLE WRITER COMMITS OUT``: append ``COMMITS`` one-row commits
 ``(writer, seq)`` to the Delta table through Delta's own write path.
+
+``python -m tests.s3_child vacuum TABLE OUT``: three appends, a compaction, VACUUM with no retention.
 """
 
 from __future__ import annotations
@@ -43,6 +45,23 @@ def append(table: str, writer: str, commits: str, out: str) -> int:
     return 0
 
 
+def vacuum(table: str, out: str) -> int:
+    """Three appends, a compaction, then VACUUM with no retention: what is left must still be the table."""
+    from delta.tables import DeltaTable
+
+    spark = _session("s3-vacuum")
+    for seq in range(3):
+        spark.createDataFrame([("a", seq)], "writer STRING, seq INT").write.format("delta").mode("append").save(table)
+    delta = DeltaTable.forPath(spark, table)
+    delta.optimize().executeCompaction()
+    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+    delta.vacuum(0.0)
+    rows = spark.read.format("delta").load(table).count()
+    Path(out).write_text(json.dumps({"rows": rows}))
+    spark.stop()
+    return 0
+
+
 def race(log_dir: str, writer: str, other: str, versions: str, barrier: str, store_class: str, out: str) -> int:
     from py4j.protocol import Py4JJavaError
 
@@ -74,4 +93,4 @@ def race(log_dir: str, writer: str, other: str, versions: str, barrier: str, sto
 
 if __name__ == "__main__":
     command, *rest = sys.argv[1:]
-    sys.exit({"race": race, "append": append}[command](*rest))
+    sys.exit({"race": race, "append": append, "vacuum": vacuum}[command](*rest))

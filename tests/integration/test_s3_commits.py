@@ -118,6 +118,19 @@ def test_two_drivers_appending_to_one_table_lose_no_commit(tmp_path: Path) -> No
     assert all(any("add" in a for a in files[v]) for v in range(1, 2 * commits + 1))
 
 
+def test_vacuum_keeps_the_log_and_deletes_only_untracked_data(tmp_path: Path) -> None:
+    """VACUUM walks the table through the log store's listing: the log's files are never its to delete."""
+    table = f"s3a://{S3_BUCKET}/vacuum-{uuid.uuid4().hex[:8]}"
+    proc = _child(["vacuum", table, str(tmp_path / "out.json")], tmp_path / "vacuum.log")
+    assert proc.wait(480) == 0, (tmp_path / "vacuum.log").read_text()[-3000:]
+    assert json.loads((tmp_path / "out.json").read_text())["rows"] == 3
+    files = _commit_files(table)
+    assert sorted(files)[:4] == [0, 1, 2, 3]  # three appends and the compaction (VACUUM's own after)
+    data = sorted(f.name for f in on_disk(table).glob("*.parquet"))
+    assert len(data) == 1  # the compacted file; the three it replaced are gone
+    assert _rows(table) == [("a", 0), ("a", 1), ("a", 2)]  # and delta-rs reads the same table
+
+
 class LosingProxy(threading.Thread):
     """A TCP proxy in front of the S3 server that, once armed, lets the PUT of one key reach the
     server and then drops the connection instead of passing the server's reply on."""

@@ -43,8 +43,12 @@ import org.apache.hadoop.fs.Path;
  * timestamp, its files random names), so it is its own token.
  *
  * S3's 409 ConditionalRequestConflict (two conditional PUTs of one key in flight) is retried
- * a few times. Listing from a version uses S3's start-after (delta.enableFastS3AListFrom), so
- * a snapshot update costs the same at 10 versions and at 10,000.
+ * a few times. Listing _delta_log from a version uses S3's start-after (delta.enableFastS3AListFrom),
+ * so a snapshot update costs the same at 10 versions and at 10,000. That listing sets no
+ * delimiter, so it returns the keys of subdirectories as well; only the log's own files are
+ * kept, and every other directory is listed one level by the file system. (Taken whole, the
+ * deeper keys made VACUUM, which walks a table through listFrom, see the log's commit files
+ * as untracked data files of the table and delete them.)
  */
 public class S3ConditionalLogStore extends HadoopFileSystemLogStore {
 
@@ -166,12 +170,19 @@ public class S3ConditionalLogStore extends HadoopFileSystemLogStore {
         FileSystem fs = path.getFileSystem(hadoopConf);
         Path parent = path.getParent();
         FileStatus[] statuses;
-        if (fastListFrom && fs.getScheme() != null && fs.getScheme().startsWith("s3")) {
+        if (fastListFrom && "_delta_log".equals(parent.getName()) && fs.getScheme() != null
+                && fs.getScheme().startsWith("s3")) {
             if (!fs.exists(parent)) {  // listFrom's contract: a missing directory is FileNotFound
                 throw new FileNotFoundException(String.format("No such file or directory: %s", parent));
             }
-            statuses = S3LogStoreUtil.s3ListFromArray(fs, fs.makeQualified(path), fs.makeQualified(parent));
+            // S3's start-after lists every key below the prefix, subdirectories' too (it sets no
+            // delimiter); listFrom lists one directory, so only the log's own files are kept.
+            Path qualifiedParent = fs.makeQualified(parent);
+            statuses = Arrays.stream(S3LogStoreUtil.s3ListFromArray(fs, fs.makeQualified(path), qualifiedParent))
+                    .filter(s -> qualifiedParent.equals(s.getPath().getParent()))
+                    .toArray(FileStatus[]::new);
         } else {
+            // Any other directory (VACUUM walks the table's) is listed one level, directories included.
             statuses = fs.listStatus(parent);
         }
         String start = path.getName();
