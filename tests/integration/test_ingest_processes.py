@@ -68,7 +68,7 @@ def test_follow_finishes_the_batch_in_flight_on_sigterm(spark, kafka_bootstrap: 
     assert_exactly_once(spark, str(target), kafka_bootstrap, [topic])
 
 
-@pytest.mark.s3  # and on s3a:// tables in the S3 stage
+@pytest.mark.s3  # CI runs it in the S3 stage, on s3a:// tables; locally, `pytest -m slow` runs it on local paths
 def test_two_concurrent_runs_never_both_commit_a_batch(spark, kafka_bootstrap: str, topic_factory,  # type: ignore[no-untyped-def]
                                                        tmp_path: Path, table_root: str) -> None:
     topic = topic_factory("rivals", partitions=3)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from delta.tables import DeltaTable
 
-from tests.conftest import on_disk, s3_mode
+from tests.conftest import on_disk
 from tests.ingest_harness import (
     delta_versions,
     ingest_argv,
@@ -37,9 +37,6 @@ from tests.integration.test_transactions import SourceTxns, _txns
 from tests.relay_harness import kill_group
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
-
-#: Rounds of kills; the S3 stage's are half (the same protocol, its commits through the S3 store).
-ROUNDS = 2 if s3_mode() else 4
 
 
 class Writer(threading.Thread):
@@ -93,7 +90,7 @@ def _maintain_argv(config: Path) -> list[str]:
     return [sys.executable, "-m", "tidemark.cli", "maintain", "events", "--config", str(config)]
 
 
-@pytest.mark.s3  # and on s3a:// tables in the S3 stage
+@pytest.mark.s3  # CI runs it in the S3 stage, on s3a:// tables; locally, `pytest -m slow` runs it on local paths
 def test_maintenance_beside_follow_under_sigkill_keeps_every_version_whole(  # type: ignore[no-untyped-def]
         spark, kafka_bootstrap: str, topic_factory, tmp_path: Path, table_root: str) -> None:
     topics = [topic_factory("maint-a", partitions=2), topic_factory("maint-b", partitions=2)]
@@ -104,7 +101,7 @@ def test_maintenance_beside_follow_under_sigkill_keeps_every_version_whole(  # t
     writer.start()
     rng = random.Random(29)
     try:
-        for round_ in range(ROUNDS):
+        for round_ in range(4):
             logs = [open(tmp_path / f"{kind}-{round_}.log", "wb") for kind in ("ingest", "maintain")]  # noqa: SIM115
             ingest = subprocess.Popen(ingest_argv(config, "--follow", pipeline="events"), env=process_env(),
                                       stdout=logs[0], stderr=logs[0], start_new_session=True)
