@@ -116,8 +116,10 @@ def run_tidemark(spark: Any, bootstrap: str, topic: str, target: Path) -> tuple[
 PEER_KAFKA_OPTIONS: dict[str, str] = {}
 
 
-def run_structured_streaming(spark: Any, bootstrap: str, topic: str, target: Path) -> tuple[int, int]:
-    """(rows, micro-batches) written by readStream kafka → writeStream delta, AvailableNow."""
+def run_structured_streaming(spark: Any, bootstrap: str, topic: str, target: Path | str,
+                             checkpoint: Path | None = None) -> tuple[int, int]:
+    """(rows, micro-batches) written by readStream kafka → writeStream delta, AvailableNow
+    (its checkpoint beside the table unless ``checkpoint`` says where)."""
     from pyspark.sql import functions as F
 
     from connectors.kafka_config import spark_options
@@ -130,7 +132,7 @@ def run_structured_streaming(spark: Any, bootstrap: str, topic: str, target: Pat
     rows = parsed.select("_parsed.*", F.col("topic").alias("_kafka_topic"),
                          F.col("partition").alias("_kafka_partition"), F.col("offset").alias("_kafka_offset"),
                          F.col("timestamp").alias("_kafka_timestamp"), F.col("key").alias("_kafka_key"))
-    query = (rows.writeStream.format("delta").option("checkpointLocation", str(target) + "_checkpoint")
+    query = (rows.writeStream.format("delta").option("checkpointLocation", str(checkpoint or f"{target}_checkpoint"))
              .trigger(availableNow=True).start(str(target)))
     query.awaitTermination()
     if query.exception() is not None:
