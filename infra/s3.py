@@ -24,7 +24,7 @@ from pathlib import Path
 from infra import jars as jar_cache
 from infra.process import PidFile, java_executable, require_free_ports, spawn, stop_process, wait_until
 from tidemark.errors import MissingToolError, StackError
-from tidemark.storage import write_credentials
+from tidemark.storage import read_credentials, write_credentials
 
 SERVER_SOURCES = Path(__file__).parent / "s3server"
 SERVER_MAIN = "io.tidemark.s3server.ExclusiveCreateS3Proxy"
@@ -89,8 +89,7 @@ class EmbeddedS3:
         """The server's access key and secret, made once and kept in :attr:`credentials`."""
         if not self.credentials.exists():
             write_credentials(self.credentials, f"tidemark-{secrets.token_hex(4)}", secrets.token_urlsafe(24))
-        fields = dict(line.split(" = ", 1) for line in self.credentials.read_text().splitlines() if " = " in line)
-        return fields["aws_access_key_id"], fields["aws_secret_access_key"]
+        return read_credentials(self.credentials, "the embedded S3 server", profile="default")
 
     def start(self, timeout: float = 60) -> str:
         """Start the server unless it runs, with :attr:`bucket` in it; return the endpoint once it answers."""

@@ -151,23 +151,30 @@ def s3_access(s: Settings | None = None, *, strict: bool = True) -> S3Access:
                 return base
             raise ConfigError(f"the embedded S3 server's credentials ({path}) do not exist yet: "
                               "run `tidemark stack up` with TIDEMARK_STORAGE=s3 first")
-        return _from_file(base, path, "the embedded S3 server")
+        return _from_file(base, path, "the embedded S3 server", profile="default")  # its own file, whatever AWS_PROFILE says
     return base
 
 
-def _from_file(base: S3Access, path: Path, setting: str) -> S3Access:
+def _from_file(base: S3Access, path: Path, setting: str, *, profile: str | None = None) -> S3Access:
+    key, secret = read_credentials(path, setting, profile=profile)
+    return replace(base, access_key_id=key, secret_access_key=secret, source=str(path))
+
+
+def read_credentials(path: Path, setting: str, *, profile: str | None = None) -> tuple[str, str]:
+    """(access key id, secret) from an AWS shared-credentials file: section ``profile``, else
+    ``AWS_PROFILE``'s, else ``[default]``. ``setting`` names where the path came from, for messages."""
     parser = configparser.ConfigParser()
     try:
         parser.read_string(path.read_text())
     except (OSError, configparser.Error) as exc:
         raise ConfigError(f"{setting}: cannot read AWS credentials from {path} ({exc}); fix the file or the path") \
             from None
-    profile = os.environ.get("AWS_PROFILE", "default")
+    profile = profile or os.environ.get("AWS_PROFILE", "default")
     section = parser[profile] if parser.has_section(profile) else None
     key, secret = (section.get("aws_access_key_id"), section.get("aws_secret_access_key")) if section else (None, None)
     if not (key and secret):
         raise ConfigError(f"{setting}: {path} has no [{profile}] with aws_access_key_id and aws_secret_access_key")
-    return replace(base, access_key_id=key, secret_access_key=secret, source=str(path))
+    return key, secret
 
 
 def write_credentials(path: Path, access_key_id: str, secret_access_key: str) -> None:
