@@ -33,7 +33,7 @@ import sys
 from infra.spark import build_session
 from offsets.lag import partition_lags
 from offsets.ledger import Ledger
-from tidemark.context import pipeline_context
+from orchestration.context import pipeline_context
 from tidemark.settings import load_settings
 ctx = pipeline_context(sys.argv[1], "bench")
 spark = build_session(load_settings(), "tidemark-status")
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             spark.stop()
         print(f"ingested {report.rows} records in {len(report.batches)} batches", flush=True)
-        tidemark = [sys.executable, "-m", "tidemark.cli"]
+        tidemark = [sys.executable, "-m", "cli"]
         contenders = {
             "status": [*tidemark, "status", "--no-relay", "--config", str(config_path)],
             "offsets-show": [*tidemark, "offsets", "show", "bench", "--config", str(config_path)],

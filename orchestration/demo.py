@@ -23,8 +23,8 @@ from typing import Any
 import psutil
 import yaml
 
-from infra.sample_app import SampleApp
 from infra.stack import Endpoints
+from orchestration.sample_app import SampleApp
 from tidemark.settings import Settings
 from tidemark.storage import tables_root
 
@@ -70,8 +70,8 @@ def _relay_child() -> psutil.Process | None:
 
 def run(settings: Settings, endpoints: Endpoints, *, duration: float = 60, every: float = 5,
         progress: Any = print) -> Summary:
+    from orchestration.context import load
     from outbox.schema import TableName, init_outbox
-    from tidemark.context import load
 
     run_id = uuid.uuid4().hex[:8]
     config_path = _write_config(settings, endpoints, run_id)
@@ -132,10 +132,10 @@ def _summarise(spark: Any, config: Any, pipeline: Any, committed: set[str], lag:
     from connectors.admin import KafkaAdmin
     from connectors.kafka_config import librdkafka_config
     from connectors.topic_reader import read_to_end
+    from orchestration.context import resolve_bootstrap
     from pipelines.dedup import EVENT_ID_COLUMN
     from pipelines.transactions import TXN_COLUMN
     from quality import facts
-    from tidemark.context import resolve_bootstrap
 
     bootstrap = resolve_bootstrap(config)
     client = librdkafka_config(config.kafka, bootstrap)

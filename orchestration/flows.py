@@ -29,9 +29,9 @@ from uuid import UUID
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from orchestration.context import PipelineContext, pipeline_context
 from orchestration.policy import Backoff, ExitKind, classify_exit, describe_exit, retry_only_transient
 from orchestration.slots import pipeline_slot
-from tidemark.context import PipelineContext, pipeline_context
 from tidemark.errors import TerminalError
 from tidemark.settings import settings
 
@@ -220,7 +220,7 @@ def relay_flow(config: str = "tidemark.yaml", relay_id: str | None = None, max_r
     transaction in flight.
     """
     log = get_run_logger()
-    argv = [sys.executable, "-m", "tidemark.cli", "relay", "run", "--config", config]
+    argv = [sys.executable, "-m", "cli", "relay", "run", "--config", config]
     if relay_id:
         argv += ["--relay-id", relay_id]
     backoff = Backoff()

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tidemark.context import pipeline_context
+from orchestration.context import pipeline_context
 from tidemark.errors import TerminalError
 from tidemark.settings import settings
 

@@ -16,9 +16,9 @@ from pathlib import Path
 from offsets.lag import PartitionLag, partition_lags
 from offsets.ledger import read_last
 from offsets.tables import TableShape, table_shape
+from orchestration.context import PipelineContext, resolve_bootstrap
 from quality.audit import last_verdict
 from tidemark.config import TidemarkConfig
-from tidemark.context import PipelineContext, resolve_bootstrap
 from tidemark.errors import TidemarkError
 
 

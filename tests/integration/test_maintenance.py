@@ -14,6 +14,7 @@ import pytest
 from delta.tables import DeltaTable
 
 from offsets.ledger import Ledger
+from orchestration.context import PipelineContext
 from orchestration.status import pipeline_status
 from pipelines.backfill import Backfill
 from pipelines.ingest import IngestJob
@@ -21,7 +22,6 @@ from pipelines.maintain import maintain
 from tests.ingest_harness import table_keys, write_config
 from tests.kafka_helpers import read_all, transactional_producer, write_transaction
 from tidemark.config import parse_config
-from tidemark.context import PipelineContext
 from tidemark.errors import ConfigError
 
 BAD = b"\xff not json"
@@ -140,7 +140,7 @@ def test_a_retention_shorter_than_the_promise_is_refused(tmp_path: Path) -> None
                                                                       "vacuum_retain_hours": 24}}]})
     config = write_config(tmp_path / "tidemark.yaml", "127.0.0.1:1", tmp_path / "orders", topics=["t"],
                           maintenance={"time_travel_hours": 48, "vacuum_retain_hours": 12})
-    done = subprocess.run([sys.executable, "-m", "tidemark.cli", "maintain", "orders", "--config", str(config)],
+    done = subprocess.run([sys.executable, "-m", "cli", "maintain", "orders", "--config", str(config)],
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == ConfigError.exit_code, done.stderr
     assert "vacuum_retain_hours 12 is shorter than time_travel_hours 48" in done.stderr

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from cli.progress import planned_offsets
 from connectors.admin import PartitionBounds
 from offsets.ledger import Intent, Range
 from offsets.protocol import BatchResult
-from tidemark.metrics import Metrics
-from tidemark.progress import planned_offsets
+from orchestration.metrics import Metrics
 
 
 def test_planned_offsets_count_from_the_committed_end_or_the_log_start() -> None:
