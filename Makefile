@@ -20,11 +20,11 @@ test-slow: bootstrap
 
 # The same guarantees on s3a:// tables, against an embedded S3 server; CI's third stage.
 test-s3: bootstrap
-	TIDEMARK_STORAGE=s3 $(BIN)/python -m infra.jars
+	TIDEMARK_STORAGE=s3 $(BIN)/python -m infra.bootstrap
 	TIDEMARK_TEST_STORAGE=s3 $(BIN)/pytest -m s3
 
 bootstrap: $(STAMP)
-	$(BIN)/python -m infra.jars
+	$(BIN)/python -m infra.bootstrap
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

@@ -8,7 +8,7 @@ modules S3A needs) and ``s3proxy`` (the embedded S3 server). Each profile is cop
 never touches the network again. Spark jars that pyspark already ships (Scala, Jackson,
 Hadoop...) are left out so the session sees one copy of each library.
 
-Run ``python -m infra.jars`` to resolve the profiles the settings need (``make`` does it for you).
+``python -m infra.bootstrap`` resolves the profiles the settings need (``make`` does it for you).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import hashlib
 import re
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -74,7 +73,7 @@ def cached(home: Path, profile: Profile) -> JarSet:
     if not (directory / _COMPLETE).exists():
         raise JarsMissingError(
             f"the {profile} jars are not in the cache ({directory}); "
-            "run `make bootstrap` or `python -m infra.jars` once with access to Maven Central"
+            "run `make bootstrap` or `python -m infra.bootstrap` once with access to Maven Central"
         )
     return JarSet(profile, directory)
 
@@ -130,27 +129,3 @@ def resolve(home: Path, profile: Profile, *, quiet: bool = True) -> JarSet:
     shutil.rmtree(directory, ignore_errors=True)
     staging.rename(directory)
     return JarSet(profile, directory)
-
-
-def main() -> int:
-    from tidemark.settings import settings
-
-    home = settings().home_dir
-    profiles = ("kafka", "spark", *(("s3", "s3proxy") if settings().storage == "s3" else ()))
-    for profile in profiles:
-        jar_set = resolve(home, profile)  # type: ignore[arg-type]
-        print(f"{profile}: {len(jar_set.jars)} jars in {jar_set.directory}")
-    from infra import udfs
-
-    print(f"Tidemark's Spark classes: {udfs.build(home)}")
-    if settings().spark.class_data_sharing:
-        from infra import cds
-
-        archive = cds.build(home)
-        if archive is not None:
-            print(f"the Spark driver's class-data sharing archive: {archive}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

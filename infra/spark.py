@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from infra import cds, udfs
 from infra import jars as jar_cache
+from infra.classpath import driver_class_path
 from tidemark.logs import ROTATE_BYTES, ROTATE_KEEP, SPARK_LOG, jvm_stdout_to_log
 from tidemark.settings import Settings
 
@@ -26,7 +27,7 @@ LOG_STORE = "io.tidemark.delta.LocalListingLogStore"
 #: dictionary passes 1 MiB, then re-encodes what it buffered plainly; on these columns
 #: that work never pays: hashing and comparing every value, then writing it twice. With
 #: the transaction id plainly encoded a 200,000-event G3 batch took 0.16-0.29 s less
-#: (medians of 4-6 alternating runs, docs/benchmarks.md, session 26). Readers see ordinary
+#: (medians of 4-6 alternating runs, measured on 2 cores). Readers see ordinary
 #: Parquet.
 PLAIN_ENCODED_COLUMNS = ("_tidemark_event_id", "_tidemark_txn.id")
 
@@ -36,8 +37,7 @@ PLAIN_ENCODED_COLUMNS = ("_tidemark_event_id", "_tidemark_txn.id")
 #: at the defaults, each batch of a warm driver pushed another part of it over C2's
 #: threshold, and C2 spent about 2 s of CPU per 200k-record batch, still after eight batches
 #: (`CompilationMXBean`), on a machine whose two cores the batch's tasks wanted. Five times
-#: the thresholds left that at 0.7-0.8 s, and batches 5-8 took 0.9x the time (docs/benchmarks.md,
-#: session 33). The data path's loops run millions of times a batch and still reach C2 within it.
+#: the thresholds left that at 0.7-0.8 s, and batches 5-8 took 0.9x the time (measured on 2 cores). The data path's loops run millions of times a batch and still reach C2 within it.
 JIT_OPTIONS = "-XX:CompileThresholdScaling=5"
 
 #: Spark's ``spark.sql.sources.useV1SourceList`` without ``kafka``: a batch's Kafka ranges
@@ -48,23 +48,11 @@ JIT_OPTIONS = "-XX:CompileThresholdScaling=5"
 #: before Spark copied it into its own row; the V2 scan writes Spark's row once. Both resolve
 #: the ranges and fetch them with the same code: the same records, offsets and read errors
 #: (``bench/reader_bench.py`` checks their content equal); only an invalid option is
-#: reported at the first action instead of at ``load()``. Measured in docs/benchmarks.md,
-#: session 45.
+#: reported at the first action instead of at ``load()``. Measured on 2 cores.
 V1_SOURCES = "avro,csv,json,orc,parquet,text"
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-
-def driver_class_path(home: Path, *, s3: bool = False) -> tuple[str, ...]:
-    """The jars a local driver loads, in order: what its class-data sharing archive is keyed on (infra.cds).
-
-    ``s3``: with S3A and the AWS SDK modules it needs (``TIDEMARK_STORAGE=s3``).
-    """
-    spark_jars = jar_cache.resolve(home, "spark")
-    s3_jars = jar_cache.resolve(home, "s3").jars if s3 else []
-    tidemark_jar = udfs.build(home)  # with udfs.fs_jar_path(home) beside it
-    return (str(udfs.fs_jar_path(home)), *(str(j) for j in [*spark_jars.jars, *s3_jars]), str(tidemark_jar))
 
 
 def spark_conf(settings: Settings, *, warehouse: Path | None = None) -> dict[str, str]:
@@ -95,7 +83,7 @@ def spark_conf(settings: Settings, *, warehouse: Path | None = None) -> dict[str
         # PySpark 4 otherwise records the Python call site of every Column method and
         # `functions.col` call in the JVM for error context (several py4j round trips each):
         # the call sites would be Tidemark's own lines, and a G3 batch's step 4 pass took
-        # 0.21 s to build with them, 0.14 s without (docs/benchmarks.md, session 41). PySpark
+        # 0.21 s to build with them, 0.14 s without (measured on 2 cores). PySpark
         # reads the setting once per process.
         "spark.python.sql.dataFrameDebugging.enabled": "false",
         **{f"spark.hadoop.parquet.enable.dictionary#{column}": "false" for column in PLAIN_ENCODED_COLUMNS},

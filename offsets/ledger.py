@@ -211,7 +211,7 @@ class Ledger:
 
         Read by delta-rs, like the claim is written: through Spark, a run's first read of
         the ledger built its snapshot in Spark jobs, 1.1 s in a warm session and 7-8 s of a
-        cold ``tidemark ingest`` process (docs/benchmarks.md, session 31).
+        cold ``tidemark ingest`` process (measured on 2 cores).
         """
         return read_ledger(self.path, self.pipeline, first=first, last=last)
 
@@ -248,13 +248,13 @@ class Ledger:
         Every other append is written by delta-rs: the same row, ``txn`` action and
         ``userMetadata`` as Spark's, in ~0.01 s instead of ~0.6 s, because Spark's
         ``txnAppId`` append rebuilds the ledger's whole snapshot state to look its app up
-        (docs/benchmarks.md, session 15). The fence is the same: the app's version is read
+        (measured on 2 cores). The fence is the same: the app's version is read
         from the snapshot the commit is made against, and delta-rs refuses the commit if any
         commit since then carries a ``txn`` of this app (Delta's concurrent-transaction
         conflict, as Spark's own check does). The first append creates the ledger the same
         way (version 0 is written only if absent), with the schema and properties Spark's
         would give it: through Spark it cost a new pipeline's first `tidemark ingest` 6 s
-        of a cold JVM (docs/benchmarks.md, session 31).
+        of a cold JVM (measured on 2 cores).
         """
         if revision and intent.guarded:
             raise ValueError("a revision is a scanned plan; it cannot be guarded again")

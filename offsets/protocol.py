@@ -141,7 +141,7 @@ class Guard:
     Two columns, not one message that is null where all is well: Spark copied a nullable
     message's test (and the expressions inside it) into each place the write's filter used
     it, which tripled the generated code of the write's stage (1.6 → 4.9 KB of bytecode
-    in its main loop) and cost G3 more than the check itself (docs/benchmarks.md, session 42).
+    in its main loop) and cost G3 more than the check itself (measured on 2 cores).
     """
 
     tripped: Column

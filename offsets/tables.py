@@ -118,7 +118,7 @@ def checkpoint_if_due(path: str, every: int) -> int | None:
 #: That state is a few small Spark jobs over the log (6 tasks), where Spark spent more CPU
 #: generating each task's projections' source (the state's schema is wide and nested) and
 #: re-planning between stages than evaluating rows: interpreted and planned once, the same
-#: state took 0.51-0.61 CPU s instead of 0.74-0.88 (docs/benchmarks.md, session 28). The
+#: state took 0.51-0.61 CPU s instead of 0.74-0.88 (measured on 2 cores). The
 #: results are the same either way; the table's own reads and writes keep Spark's defaults.
 WARM_SETTINGS = {"spark.sql.codegen.factoryMode": "NO_CODEGEN", "spark.sql.adaptive.enabled": "false"}
 

@@ -99,7 +99,7 @@ def encode(relay: str, end_lsn: str, entries: Iterable[tuple[str, int, tuple[Spa
     span, how many source transactions have more than one event, and the first and last id
     of those with events. An ingest's plan reads most records only to learn that all of
     a record lies inside its batch; the summary tells it that without decoding tens of
-    thousands of entries (the plan's largest cost, docs/benchmarks.md, session 25), and the
+    thousands of entries (the plan's largest cost, measured on 2 cores), and the
     record itself is decoded only where a cut reaches it.
     """
     names: dict[str, str] = {}
@@ -231,7 +231,7 @@ class Placement:
         writes a manifest per Kafka transaction with a span per source transaction and partition
         (some 3,500 for a group of 500 ten-event transactions over 9 partitions); building each
         span's text straight from its indexes, and the summary's bounds from :attr:`sent`, takes
-        half the time of resolving the spans first (docs/benchmarks.md, session 29).
+        half the time of resolving the spans first (measured on 2 cores).
         """
         exact = self.exact
         if verify:

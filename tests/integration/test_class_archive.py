@@ -109,10 +109,10 @@ def test_prune_deletes_only_archives_no_jvm_can_map_again(tmp_path: Path) -> Non
     archives = {}
     for name, jar in files.items():
         jar.write_bytes(name.encode())
-        key = cds._key((str(jar),))
-        archives[name] = cds._named(tmp_path, key)
+        key = cds.key_of((str(jar),))
+        archives[name] = cds.named(tmp_path, key)
         archives[name].write_bytes(b"archive")
-        cds._key_file(archives[name]).write_text("\n".join(key) + "\n")
+        cds.key_file(archives[name]).write_text("\n".join(key) + "\n")
     unrecorded = jars / "cds-000000000000.jsa"  # named as before archives recorded their files
     unrecorded.write_bytes(b"archive")
     os.utime(files["changed"], ns=(1, 1))
@@ -126,5 +126,5 @@ def test_prune_deletes_only_archives_no_jvm_can_map_again(tmp_path: Path) -> Non
     removed = cds.prune(jars, archives["new"])
 
     assert sorted(removed) == sorted([archives["changed"], unrecorded])
-    assert sorted(jars.iterdir()) == sorted([archives["kept"], cds._key_file(archives["kept"]),
-                                             archives["new"], cds._key_file(archives["new"]), training])
+    assert sorted(jars.iterdir()) == sorted([archives["kept"], cds.key_file(archives["kept"]),
+                                             archives["new"], cds.key_file(archives["new"]), training])

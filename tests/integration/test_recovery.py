@@ -1,4 +1,4 @@
-"""Recovery of the ingest under real operating conditions (issue 21), on real Kafka, Spark
+"""Recovery of the ingest under real operating conditions, on real Kafka, Spark
 and Delta: other writers' commits on the target, a lost ledger, ``start: latest`` under
 live traffic, partitions that appear while a pipeline follows its topics.
 """

@@ -1,4 +1,4 @@
-"""Secured clusters (issue 16) on real brokers: SASL_SSL with SCRAM-SHA-512 and mutual TLS, an
+"""Secured clusters on real brokers: SASL_SSL with SCRAM-SHA-512 and mutual TLS, an
 authorizer that denies what no ACL allows, least-privileged relay and ingest principals,
 and one clear line for every refused credential — never a hang.
 

@@ -101,7 +101,7 @@ def test_stack_up_names_a_taken_port(cli_env: dict[str, str]) -> None:
     assert _wait_gone(Path(cli_env["TIDEMARK_HOME"])) == []
 
 
-#: Lines an operator should never see from a run that went well (issue 18): a Java or Python stack
+#: Lines an operator should never see from a run that went well: a Java or Python stack
 #: trace, a tqdm progress bar, a librdkafka log line.
 _NOISE = re.compile(r"^(\s+at [\w.$<>]+\(|Caused by: |Traceback |\S+\.\w*(Exception|Error): )"
                     r"|it/s\]|Calculating Metrics|^%\d\|\d+\.\d+\|", re.MULTILINE)

@@ -64,7 +64,7 @@ def test_status_and_offsets_show_read_the_ledger_without_a_jvm(spark, kafka_boot
     assert orders["name"] == "orders" and orders["problem"] is None and orders["lag"] == 0, orders
     assert orders["last_batch"].startswith(f"#{newest.batch_id} "), orders
     assert {(p["topic"], p["partition"]): p["next_offset"] for p in orders["partitions"]} == newest.ends()
-    # Each table's shape (issue 17): the ledger holds one small file and one version per batch.
+    # Each table's shape: the ledger holds one small file and one version per batch.
     ledger = orders["tables"]["ledger"]
     assert (ledger["version"], ledger["files"], ledger["oldest_readable_version"]) == (len(spark_history) - 1,
                                                                                       len(spark_history), 0)

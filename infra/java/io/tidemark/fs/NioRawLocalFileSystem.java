@@ -21,8 +21,7 @@ import org.apache.hadoop.fs.permission.FsPermission;
  * Without Hadoop's native library (pyspark ships none), RawLocalFileSystem runs `chmod` after
  * creating each file (a Parquet file, a Delta commit, and Hadoop's .crc of each), and its link
  * status runs `readlink` on the path's string, four times per file a Delta commit renames. A
- * follower batch started 26 processes, 4-7 ms of CPU each on 2 cores (docs/benchmarks.md,
- * session 27). Here: the same permission bits set by Files.setPosixFilePermissions, and the
+ * follower batch started 26 processes, 4-7 ms of CPU each on 2 cores (measured on 2 cores). Here: the same permission bits set by Files.setPosixFilePermissions, and the
  * same test for a symbolic link (on the same string, so a qualified "file:/..." path is never
  * one, as `readlink` says of it) by Files.isSymbolicLink. Anything else, and every case these
  * two cannot express exactly (sticky or set-id bits, a file system without POSIX attributes, a

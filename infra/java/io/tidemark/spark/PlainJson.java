@@ -27,7 +27,7 @@ import org.apache.spark.unsafe.types.UTF8String;
  * <p>Why: through Jackson and Spark's {@code JacksonParser}, every string is decoded from
  * UTF-8 to chars, made a {@code String}, and encoded back to UTF-8 for its {@code UTF8String};
  * every field is found through a converter per token. A bulk ingest of 1 KB records spent
- * 16 % of its CPU there (docs/benchmarks.md, session 32). Here the value's bytes are read
+ * 16 % of its CPU there (measured on 2 cores). Here the value's bytes are read
  * once: a string without escapes becomes a view of them, a number is parsed from its digits.
  *
  * <p>It answers only for what it reads exactly as {@code from_json} (PERMISSIVE, Spark's
@@ -165,7 +165,7 @@ public final class PlainJson {
     /** The row {@code from_json} gives for this UTF-8 text, or {@code null} when Spark's parser must decide. */
     InternalRow parse(UTF8String value) {
         // The bytes where they lie (often inside the input row's buffer: no copy of the value per
-        // record, docs/benchmarks.md, session 43), else a copy. The bytes after the value may be
+        // record, measured on 2 cores), else a copy. The bytes after the value may be
         // another field's, so no read goes past `end`: the cursor reads through `peek`, which
         // gives a NUL byte there, and a NUL is no part of any JSON token (a number, a literal or
         // a string cut short at `end` is unsure, never completed by its neighbour's bytes).

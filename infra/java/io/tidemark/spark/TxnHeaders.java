@@ -37,7 +37,7 @@ import scala.runtime.AbstractFunction1;
  * null.
  *
  * <p>The transaction leaves whole: the write's projection copies it as one block, and the
- * guard reads one field of it (docs/benchmarks.md, session 42). Built from the headers' fields
+ * guard reads one field of it (measured on 2 cores). Built from the headers' fields
  * in Spark instead, the struct's test was repeated for each field read from it.
  *
  * <p>Why: each header looked up with Spark's own functions ({@code headers.key},
@@ -103,8 +103,7 @@ public final class TxnHeaders extends TidemarkExpression {
         /**
          * Per key length in bytes, which of {@link #keys} have it (null: none). A header's key
          * is then compared with the one or two names of its length, not with all seven: the
-         * comparisons were a third of this expression's time in a profile (docs/benchmarks.md,
-         * session 41).
+         * comparisons were a third of this expression's time in a profile (measured on 2 cores).
          */
         final int[][] byLength;
         final TopicCount.Topics topics;
