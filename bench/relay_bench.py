@@ -143,7 +143,7 @@ def run_relay(dsn: str, client: dict[str, str], relay: Any, events: int) -> floa
 
 def run_nontxn(dsn: str, client: dict[str, str], relay: Any, slot: str, events: int) -> float:
     """Seconds per ``events`` for the same relay without transactions, at its steady rate (as :func:`run_relay`)."""
-    from outbox.relay import collector_for_groups
+    from outbox.grouping import collector_for_groups
 
     with collector_for_groups():  # the relay's collector settings (a no-op here: it holds nothing)
         return _run_nontxn(dsn, client, relay, slot, events)

@@ -107,7 +107,7 @@ def cmd_relay_run(args: argparse.Namespace) -> int:
 
 
 def cmd_relay_status(args: argparse.Namespace) -> int:
-    from outbox.relay import relay_status
+    from outbox.status import relay_status
 
     config, dsn, client = relay_of(args)
     status = relay_status(config.relay, dsn=dsn, client_config=client)

@@ -165,7 +165,7 @@ class _RelayCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily
 
-        from outbox.relay import relay_backlog
+        from outbox.status import relay_backlog
 
         rid = [self.relay.id]
         if self.live is not None:

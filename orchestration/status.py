@@ -88,7 +88,7 @@ def _table_shapes(status: PipelineStatus, ctx: PipelineContext) -> None:
 
 def relay_summary(config: TidemarkConfig, dsn: str) -> dict[str, str]:
     from connectors.kafka_config import librdkafka_config
-    from outbox.relay import relay_status
+    from outbox.status import relay_status
 
     try:
         own = config.for_relay()  # the relay's own credentials, if it has any

@@ -54,38 +54,28 @@ Kafka being unavailable (calls failing for ``relay.kafka_retry_seconds``) is not
 reason to stop: the relay steps back, waits (doubling up to 30 s, from 1 s again once a
 group has committed since), and resumes from step 1. Only being fenced, a changed source
 stream, a refused event or bad configuration stop it (non-zero exit).
+
+The relay's helpers, one concern each: ``outbox.grouping`` (what a group holds, when it is
+full, its events staged into its Kafka transaction), ``outbox.admission`` (each event's topic,
+the topics' limits, a refused or dead-lettered transaction), ``outbox.outage`` (Kafka or
+PostgreSQL lost and waited for, the backoff, fencing again) and ``outbox.status`` (a relay seen
+from outside). The order of the steps, and what a crash after each leaves, is only here.
 """
 
 from __future__ import annotations
 
-import gc
-import json
 import logging
 import os
-import re
 import signal
 import threading
 import time
-import zlib
-from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException
-
-from connectors.preflight import GRANT_HINT, postgres_refusal, require_operation
-from connectors.producer import (
-    CommitOutcomeUnknownError,
-    KafkaUnavailableError,
-    ProducerFatalError,
-    TransactionAbortedError,
-    TransactionalProducer,
-)
-from outbox import headers as H
+from connectors.preflight import require_operation
+from connectors.producer import TransactionAbortedError, TransactionalProducer
+from outbox.admission import Admission
 from outbox.capture import (
     Capture,
     ReplicationLostError,
@@ -93,11 +83,12 @@ from outbox.capture import (
     SourceTransaction,
     TransactionTooLargeError,
 )
-from outbox.deadletter import OversizedEventError, acknowledged, dead_letter_events
-from outbox.manifest import SUMMARY_HEADER, InterleavedError, Placement, TopicPartition
+from outbox.deadletter import OversizedEventError
+from outbox.grouping import Group, Staging, collector_for_groups
+from outbox.manifest import SUMMARY_HEADER, InterleavedError, Placement
+from outbox.outage import Outages
 from outbox.pgoutput import format_lsn
 from outbox.position import (
-    OFFSETS_TOPIC_CONFIG,
     Position,
     PositionUnreadableError,
     Source,
@@ -105,66 +96,18 @@ from outbox.position import (
     read_position,
     resumed,
 )
+from outbox.report import RelayReport
 from outbox.schema import TableName
 from outbox.source import verify
+from outbox.status import relay_backlog, relay_status
 from tidemark.config import RelayConfig
-from tidemark.errors import ConfigError, KafkaAccessError, ServiceUnavailableError, TerminalError
+from tidemark.errors import KafkaAccessError, TerminalError
+
+__all__ = ["CRASH_POINTS", "Relay", "RelayReport", "relay_backlog", "relay_status"]
 
 log = logging.getLogger(__name__)
 
 CRASH_POINTS = ("fenced", "resumed", "produced", "manifested", "positioned", "committed", "deleted", "confirmed")
-
-_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
-
-#: Bytes a record adds to its key, value and headers on the wire (record and batch headers), rounded up.
-RECORD_OVERHEAD = 512
-
-#: librdkafka's default ``message.max.bytes``; the producer refuses anything larger.
-PRODUCER_MESSAGE_MAX = 1_000_000
-
-#: Failed attempts at the same group, each after a fence and a fresh position, before the relay gives up.
-MAX_REDOS = 10
-
-#: How often the relay reads its topics' partition counts again (librdkafka's own metadata refresh).
-PARTITIONS_REFRESH_SECONDS = 300.0
-
-#: Staged events handed to librdkafka at a time: one call per batch, not per source transaction.
-SEND_BATCH = 512
-
-#: The collector's young-generation threshold while the relay runs (Python's default is 700).
-#: A group holds its source transactions' events until its commit, some 20,000 tracked objects
-#: at the default limits; with the default threshold the collector walked them again at every
-#: young collection and promoted them to be walked again, 0.26-0.30 s of CPU per 200,000
-#: events (5 %; docs/benchmarks.md, session 29). Reference counting frees a group at its commit
-#: (:meth:`Group.release` breaks its one cycle); the collector only has the rare cycles left to find.
-YOUNG_GC_THRESHOLD = 50_000
-
-
-def _admin_call(call: Callable[[], Any]) -> Any:
-    """A metadata request; no answer is an outage (transient), not a crash."""
-    try:
-        return call()
-    except KafkaException as exc:
-        raise KafkaUnavailableError(f"Kafka metadata request failed: {exc.args[0]}") from None
-
-
-def partition_for(key: bytes, partitions: int) -> int:
-    """The partition librdkafka's default partitioner (``consistent_random``) gives ``key``: its CRC-32
-    modulo the partition count. The relay places events itself (``outbox.manifest.Placement``) exactly
-    as it did when librdkafka placed them, so per-key order holds across an upgrade; only an empty key,
-    which librdkafka would place at random, goes to partition 0."""
-    return zlib.crc32(key) % partitions
-
-
-@contextmanager
-def collector_for_groups() -> Iterator[None]:
-    """Run with :data:`YOUNG_GC_THRESHOLD`, then put the caller's thresholds back."""
-    before = gc.get_threshold()
-    gc.set_threshold(max(before[0], YOUNG_GC_THRESHOLD), *before[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*before)
 
 
 def _crash_point(name: str) -> None:
@@ -173,88 +116,12 @@ def _crash_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-@dataclass
-class RelayReport:
-    transactions: int = 0
-    events: int = 0
-    kafka_transactions: int = 0
-    """Groups committed (each one Kafka transaction)."""
-    skipped: int = 0
-    """Transactions redelivered by the slot that were already in Kafka."""
-    deleted: int = 0
-    dead_lettered: int = 0
-    """Source transactions moved to the dead letters instead of Kafka."""
-    redone: int = 0
-    """Groups relayed again after an abort or a commit of unknown outcome (each after a fence)."""
-    refenced: int = 0
-    """Times the producer was replaced after a disturbed connection (steps 1-2 again)."""
-    outages: int = 0
-    """Times Kafka was unavailable and the relay stepped back."""
-    topics: Counter[str] = field(default_factory=Counter)
+class Relay(Admission, Staging, Outages):
+    """The relay protocol: the steps above, in :meth:`_session`. The helpers' methods come from
+    :class:`~outbox.admission.Admission` (step 4's routing and checks), :class:`~outbox.grouping.Staging`
+    (step 5's events, as each source transaction joins) and :class:`~outbox.outage.Outages` (the
+    backoff, fencing again, PostgreSQL lost); the state they share is set here."""
 
-
-#: An event as :meth:`TransactionalProducer.produce_all` takes it: (topic, partition, key, value,
-#: headers, the callback for its delivery report, or None when the manifest does not need it).
-Staged = tuple[str, int, bytes, bytes | None, list[Any], Any]
-
-
-@dataclass
-class Group:
-    """Consecutive source transactions bound for one Kafka transaction (step 4)."""
-
-    txns: list[SourceTransaction] = field(default_factory=list)
-    dead: set[int] = field(default_factory=set)
-    """Indexes of ``txns`` that go to the dead letters, not to Kafka."""
-    events: int = 0
-    size: int = 0
-    opened: float = 0.0
-    placement: Placement | None = None
-    """Set once its Kafka transaction is open: where its events went, by index in their partition."""
-    open: bool = False
-    """Its Kafka transaction is open (begun, not yet committed)."""
-    held: dict[TopicPartition, Staged] = field(default_factory=dict)
-    """Each partition's newest event, produced when the next one comes or at the close: only then is it
-    known to be the partition's last, whose delivery report the manifest needs (given at the close)."""
-    offsets: dict[TopicPartition, dict[int, int]] = field(default_factory=dict)
-    failed: list[str] = field(default_factory=list)
-    unknown: int = 0
-    """Delivered events whose report came without an offset: librdkafka reports none for a retried
-    batch the broker had already written (a duplicate sequence). Their spans are unknown, so the
-    group cannot commit its manifest (see :meth:`Relay._await_deliveries`)."""
-    unsent: list[Staged] = field(default_factory=list)
-    """Events staged but not yet handed to librdkafka (they go in batches of :data:`SEND_BATCH`)."""
-
-    def delivered(self, tp: TopicPartition, index: int, err: Any, msg: Any) -> None:
-        """A delivery report of an event the manifest needs the offset of."""
-        if err is not None:
-            self.failed.append(f"{msg.topic()}: {err.name() if isinstance(err, KafkaError) else err}")
-        elif (offset := msg.offset()) is None or offset < 0:
-            self.unknown += 1
-        else:
-            self.offsets[tp][index] = offset
-
-    def release(self) -> None:
-        """Drop the staged events once the group is committed. Their report callbacks refer back
-        to the group: left in place, that cycle would keep the group and all its transactions
-        alive until the cyclic collector ran, which the relay makes rare (:data:`YOUNG_GC_THRESHOLD`)."""
-        self.held.clear()
-        self.unsent.clear()
-
-    def add(self, txn: SourceTransaction, *, dead: bool = False) -> None:
-        if not self.txns:
-            self.opened = time.monotonic()
-        if dead:
-            self.dead.add(len(self.txns))
-        self.txns.append(txn)
-        self.events += len(txn.events)
-        self.size += txn.size
-
-    @property
-    def end_lsn(self) -> int:
-        return self.txns[-1].end_lsn
-
-
-class Relay:
     def __init__(self, relay: RelayConfig, *, dsn: str, client_config: dict[str, Any],
                  replication_factor: int | None = None, topic_partitions: int | None = None) -> None:
         self.config = relay
@@ -286,68 +153,6 @@ class Relay:
         """Since when the offsets topic has answered a position older than :attr:`position` (see :meth:`_resume`)."""
 
     # -- set-up ------------------------------------------------------------------
-
-    def _ensure_topics(self, topics: set[str], *, compacted: bool = False, single: bool = False) -> None:
-        """Create missing topics (shape from the config, else the cluster's defaults); learn each one's size limit.
-
-        ``compacted`` (the offsets topic) and ``single`` (the manifest, read in order) get one partition.
-        """
-        missing = topics - self._known_topics
-        if not missing:
-            return
-        from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
-
-        for topic in missing:
-            if not _TOPIC.match(topic):
-                raise ConfigError(f"{topic!r} is not a valid Kafka topic name (letters, digits, '.', '_', '-'); "
-                                  "map its aggregate type to a valid topic under relay.routes")
-        admin = AdminClient(self.client_config)
-        existing = set(_admin_call(lambda: admin.list_topics(timeout=15)).topics)
-        config: dict[str, str] = dict(OFFSETS_TOPIC_CONFIG) if compacted else {}
-        if self.config.min_insync_replicas is not None:
-            config["min.insync.replicas"] = str(self.config.min_insync_replicas)
-        create = [NewTopic(t, 1 if compacted or single else (self.topic_partitions or -1),
-                           self.replication_factor or -1, config=config) for t in sorted(missing - existing)]
-        if create:
-            for topic, future in admin.create_topics(create).items():
-                try:
-                    future.result(30)
-                    log.info("created topic %s", topic)
-                except Exception as exc:  # noqa: BLE001 - a rival relay may have created it
-                    if "TOPIC_ALREADY_EXISTS" in str(exc):
-                        continue
-                    if "AUTHORIZATION_FAILED" in str(exc):
-                        raise KafkaAccessError(
-                            f"cannot create topic {topic}: the relay's Kafka principal may neither see (Describe) "
-                            f"nor create it: {GRANT_HINT}") from None
-                    raise TerminalError(f"cannot create topic {topic}: {exc}; create it or grant CreateTopics")
-        resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in sorted(missing)]
-        for resource, future in admin.describe_configs(resources).items():
-            try:
-                entry = future.result(30).get("max.message.bytes")
-                topic_limit = int(entry.value) if entry is not None and entry.value else PRODUCER_MESSAGE_MAX
-            except Exception:  # noqa: BLE001 - no DescribeConfigs right: the producer's limit still holds
-                topic_limit = PRODUCER_MESSAGE_MAX
-            producer_limit = int(self.client_config.get("message.max.bytes", PRODUCER_MESSAGE_MAX))
-            self._limits[resource.name] = min(topic_limit, producer_limit)
-        self._count_partitions(admin, missing)
-        self._known_topics |= missing
-
-    def _count_partitions(self, admin: Any, topics: set[str]) -> None:
-        """Learn how many partitions each topic has (a topic just created may take a moment to show them)."""
-        deadline = time.monotonic() + 30
-        while True:
-            listed = _admin_call(lambda: admin.list_topics(timeout=15)).topics
-            counts = {t: len(listed[t].partitions) for t in topics
-                      if t in listed and listed[t].error is None and listed[t].partitions}
-            self._partition_counts.update(counts)
-            if len(counts) == len(topics):
-                self._counted_at = time.monotonic()
-                return
-            if time.monotonic() > deadline:
-                raise KafkaUnavailableError(f"no partitions listed for {sorted(set(topics) - set(counts))} "
-                                            "30 s after creating them")
-            time.sleep(0.2)
 
     def _connect_db(self):  # type: ignore[no-untyped-def]
         import psycopg2
@@ -384,94 +189,6 @@ class Relay:
                 self._end_fenced_session(busy)
                 time.sleep(0.5)
 
-    def _end_fenced_session(self, busy: SlotBusyError) -> None:
-        """End the session holding the slot if it is a relay with this id (step 1 fenced it); else wait."""
-        if not busy.pid:
-            return
-        with self._connect_db().cursor() as cur:
-            cur.execute("SELECT application_name FROM pg_stat_activity WHERE pid = %s", (busy.pid,))
-            row = cur.fetchone()
-            if row is None:
-                return  # gone already
-            if row[0] != self.transactional_id:
-                raise SlotBusyError(self.config.slot_name, busy.pid, holder=row[0])
-            log.warning("slot %s held by server process %d (a fenced relay with this id); ending that session",
-                        self.config.slot_name, busy.pid)
-            cur.execute("SELECT pg_terminate_backend(%s)", (busy.pid,))
-
-    # -- step 4: what goes where -------------------------------------------------------
-
-    def _topic(self, aggregatetype: bytes) -> str:
-        topic = self._routes.get(aggregatetype)
-        if topic is None:
-            topic = self._routes[aggregatetype] = self.config.topic_for(aggregatetype.decode())
-        return topic
-
-    def _routed(self, txn: SourceTransaction) -> list[str]:
-        """The topic of each event of ``txn`` (routed once: step 4's checks and step 5's messages use them);
-        a topic met for the first time is created if missing and its size limit learnt."""
-        routes = self._routes
-        topics = [routes.get(e.aggregatetype) or self._topic(e.aggregatetype) for e in txn.events]
-        if not self._known_topics.issuperset(topics):
-            self._ensure_topics(set(topics))
-        return topics
-
-    def _oversized(self, txn: SourceTransaction, topics: list[str]) -> tuple[bytes, str, int, int] | None:
-        """The first event of ``txn`` larger than its topic takes: (event id, topic, size, limit), or None."""
-        distinct = set(topics)
-        header_bytes = 200 + 2 * len(str(txn.xid)) + 64 * len(distinct)  # the tidemark.* headers, generously
-        if 0 < txn.size and txn.size + len(topics) * (header_bytes + RECORD_OVERHEAD) <= min(
-                self._limits[t] for t in distinct):
-            return None  # the whole transaction fits the smallest limit: no event can exceed it
-        for e, topic in zip(txn.events, topics, strict=True):
-            size = e.size + header_bytes + RECORD_OVERHEAD
-            if size > self._limits[topic]:
-                return e.id, topic, size, self._limits[topic]
-        return None
-
-    def _admit(self, txn: SourceTransaction, topics: list[str]) -> bool:
-        """Whether ``txn`` (its events bound for ``topics``) goes to Kafka (True) or to the dead letters
-        (False); raises if it may do neither."""
-        big = self._oversized(txn, topics)
-        if big is None:
-            return True
-        event, topic, size, limit = big
-        ids = [e.id.decode() for e in txn.events]
-        reason = (f"event {event.decode()} is about {size} bytes; {topic} takes at most {limit} "
-                  "(the producer's message.max.bytes and the topic's max.message.bytes)")
-        with self._connect_db().cursor() as cur:
-            if acknowledged(cur, self.dead_letters, ids):
-                log.warning("source transaction %d (commit LSN %s): acknowledged as dead letters (%s); skipping it",
-                            txn.xid, format_lsn(txn.commit_lsn), reason)
-                return False
-            if self.config.on_oversized == "dead_letter":
-                dead_letter_events(cur, self.table, self.dead_letters, ids, reason)
-                log.error("ALERT relay %s: source transaction %d (commit LSN %s, %d events) moved to %s: %s",
-                          self.config.id, txn.xid, format_lsn(txn.commit_lsn), len(ids), self.dead_letters, reason)
-                return False
-        raise OversizedEventError(
-            f"source transaction {txn.xid} (commit LSN {format_lsn(txn.commit_lsn)}): {reason}. Nothing of it was "
-            f"produced and the position stops before it. Either raise the limits and restart, or move the whole "
-            f"transaction to {self.dead_letters} with `tidemark relay dead-letter --xid {txn.xid}` and restart "
-            "(relay.on_oversized: dead_letter does that by itself)")
-
-    def _messages(self, txn: SourceTransaction, topics: list[str]
-                  ) -> Iterator[tuple[str, bytes, bytes | None, list[Any]]]:
-        """(topic, key, value, headers) of each event (bound for ``topics``, :meth:`_routed`), built as it is
-        produced: the transaction is held once."""
-        counts = tuple(sorted(Counter(topics).items()))
-        counted = self._counts_json.get(counts)
-        if counted is None:  # a handful of distinct shapes per deployment: each one serialised once
-            counted = json.dumps(dict(counts), separators=(",", ":")).encode()
-            if len(self._counts_json) < 4096:
-                self._counts_json[counts] = counted
-        shared = [(H.TXID, str(txn.xid).encode()), (H.LSN, format_lsn(txn.commit_lsn).encode()),
-                  (H.SIZE, str(len(txn.events)).encode()), (H.TOPIC_COUNTS, counted),
-                  (H.SOURCE, H.source(self.config.id, txn.commit_lsn).encode())]
-        for i, (topic, e) in enumerate(zip(topics, txn.events, strict=True)):
-            yield topic, e.aggregateid, e.payload, [(H.EVENT_ID, e.id), (H.EVENT_TYPE, e.type), *shared,
-                                                    (H.POSITION, str(i).encode())]
-
     # -- step 5 ------------------------------------------------------------------------
 
     def _open(self, producer: TransactionalProducer, group: Group) -> None:
@@ -487,45 +204,9 @@ class Relay:
                 group.dead = {i - len(done) for i in group.dead if i >= len(done)}
         if not group.txns:
             return
-        if time.monotonic() - self._counted_at > PARTITIONS_REFRESH_SECONDS:
-            from confluent_kafka.admin import AdminClient
-
-            self._count_partitions(AdminClient(self.client_config), set(self._partition_counts))
+        self._recount_partitions()
         producer.begin()
         group.placement, group.open = Placement(frozenset(self._exact_topics)), True
-
-    def _stage(self, producer: TransactionalProducer, group: Group, txn: SourceTransaction, topics: list[str]) -> None:
-        """Step 5's events, as ``txn`` (the group's newest) joins it: librdkafka sends them while the next
-        transactions are decoded. Each partition's newest event waits in ``group.held`` (see there)."""
-        if group.placement is None:
-            self._open(producer, group)
-            if not group.txns or group.txns[-1] is not txn:
-                return  # relayed by another instance meanwhile
-        placement, held, offsets, unsent = group.placement, group.held, group.offsets, group.unsent
-        assert placement is not None
-        counts, exact, delivered = self._partition_counts, placement.exact, group.delivered
-        spans = placement.open()
-        for topic, key, value, headers in self._messages(txn, topics):
-            partition = partition_for(key, counts[topic])
-            tp = (topic, partition)
-            n = placement.place(spans, tp)
-            if n:  # the partition's previous newest goes now; its report, if any, was chosen when staged
-                unsent.append(held[tp])
-                report = partial(delivered, tp, n) if topic in exact else None
-            else:  # the partition's first event in the group: the manifest needs its offset
-                offsets[tp] = {}
-                report = partial(delivered, tp, 0)
-            held[tp] = (topic, partition, key, value, headers, report)
-        if len(unsent) >= SEND_BATCH:
-            producer.within(lambda p: self._send(p, group), what=f"relaying source transaction {txn.xid}")
-
-    @staticmethod
-    def _send(p: TransactionalProducer, group: Group) -> None:
-        """Hand ``group.unsent`` to librdkafka, asking for the delivery reports the manifest needs:
-        a partition's first event, and every event of an :attr:`Placement.exact` topic."""
-        p.produce_all(group.unsent)
-        group.unsent.clear()
-        p.serve()  # the reports that came in meanwhile: the close finds the first offsets known
 
     def _relay(self, producer: TransactionalProducer, group: Group, source: Source | None) -> None:
         """Close the group's Kafka transaction: held events, manifest, position, commit (then :attr:`position`)."""
@@ -637,30 +318,6 @@ class Relay:
         with collector_for_groups():
             return self._run(stop, idle_exit)
 
-    def _run(self, stop: threading.Event, idle_exit: float | None) -> RelayReport:
-        delay, redos, committed, relayed = 1.0, 0, -1, 0
-        while not stop.is_set():
-            try:
-                self._session(stop, idle_exit)
-                return self.report
-            except (KafkaUnavailableError, PositionUnreadableError, ServiceUnavailableError) as outage:
-                if self.report.kafka_transactions != relayed:  # a new outage, not the same one going on
-                    delay, relayed = 1.0, self.report.kafka_transactions
-                self.report.outages += 1
-                log.warning("Kafka unavailable (%s); the relay steps back for %.0f s and resumes by itself "
-                            "(the slot keeps every transaction not yet acknowledged)", outage, delay)
-                stop.wait(delay)
-                delay = min(delay * 2, 30.0)
-            except (TransactionAbortedError, CommitOutcomeUnknownError) as error:
-                redos = 1 if self.report.kafka_transactions != committed else redos + 1
-                committed = self.report.kafka_transactions
-                if redos > MAX_REDOS:
-                    raise ProducerFatalError(f"the same group failed {redos} times in a row, last: {error}; "
-                                             "check the broker logs, topic ACLs and limits") from error
-                self.report.redone += 1
-                log.warning("%s; fencing again and reading the position back before relaying anything more", error)
-        return self.report
-
     def _session(self, stop: threading.Event, idle_exit: float | None) -> None:
         """Steps 1-6 until stopped or idle; a Kafka failure ends the session (``run`` starts the next)."""
         import psycopg2
@@ -708,9 +365,7 @@ class Relay:
                         self._pend([txn])
                         continue
                     limits = self.config.group
-                    if group.txns and (group.events + len(txn.events) > limits.max_events
-                                       or group.size + txn.size > limits.max_bytes
-                                       or len(group.txns) >= limits.max_transactions):
+                    if group.overflows(txn, limits):
                         self._flush(producer, group, capture)
                         group = Group()
                     try:
@@ -724,30 +379,13 @@ class Relay:
                     group.add(txn, dead=not admitted)
                     if admitted and txn.events:
                         self._stage(producer, group, txn, topics)              # step 5, as it joins
-                    if (time.monotonic() - group.opened >= linger or group.events >= limits.max_events
-                            or group.size >= limits.max_bytes or len(group.txns) >= limits.max_transactions):
+                    if group.full(linger, limits):
                         self._flush(producer, group, capture)
                         group = Group()
                 except (psycopg2.OperationalError, psycopg2.InterfaceError, ReplicationLostError) as exc:
                     # PostgreSQL restarting or the session ended: reconnect and resume from the slot.
-                    # Unacknowledged transactions come again and are skipped by position. A refused
-                    # login or certificate (a password rotated under us) is no outage: it stops.
-                    refusal = postgres_refusal(exc, self.dsn)
-                    if refusal is not None:
-                        if group.open:
-                            producer.abort(self.config.transaction_timeout_ms / 1000)
-                        raise refusal from None
-                    log.warning("PostgreSQL connection lost (%s); reconnecting", str(exc).strip().splitlines()[0])
-                    if capture is not None:
-                        capture.close()
-                    if group.open:
-                        producer.abort(self.config.transaction_timeout_ms / 1000)  # its events come again
+                    self._postgres_lost(exc, producer, capture, group, stop)
                     capture, group = None, Group()
-                    self._db = None
-                    self._pending_ids, self._pending_lsn, self._unacked = [], None, 0
-                    stop.wait(1.0)
-                    # Still ours? A newer relay may have fenced us and ended our session.
-                    self._probe_ownership(producer)
             if capture is not None:
                 if group.txns:
                     self._flush(producer, group, capture)
@@ -795,81 +433,3 @@ class Relay:
         log.info("relay %s resumes after %s", self.config.id,
                  format_lsn(self.position.end_lsn) if self.position else "the start")
 
-    def _partitions(self, topic: str) -> int:
-        from confluent_kafka.admin import AdminClient
-
-        admin = AdminClient(self.client_config)
-        metadata = _admin_call(lambda: admin.list_topics(topic, timeout=15)).topics.get(topic)
-        return len(metadata.partitions) if metadata is not None and metadata.error is None else 0
-
-    def _refence(self, producer: TransactionalProducer) -> None:
-        """A new producer instance (epoch bump), then the position as the topics now say.
-
-        Read again because the renewal is a fence like any restart's: a relay with this id
-        started meanwhile may have moved the position, and it is now fenced in turn.
-        """
-        producer.renew()
-        self.report.refenced += 1
-        self._resume()
-
-    def _probe_ownership(self, producer: TransactionalProducer) -> None:
-        """Commit the current position again: a fenced relay fails here and stops (G5).
-
-        A relay that has relayed nothing yet commits position 0, which skips nothing.
-        """
-        current = self.position or Position(0, 0, datetime.now(UTC).isoformat())
-        producer.run(lambda p: p.produce(self.config.offsets_topic, key=self.config.id.encode(),
-                                         value=current.to_json(self.config.id), partition=self._offsets_partition),
-                     what="checking this relay still owns its id")
-
-
-def relay_status(relay: RelayConfig, *, dsn: str, client_config: dict[str, Any]) -> dict[str, str]:
-    """Position, slot state and lag (events not yet relayed, age of the oldest); Kafka being down is a state."""
-    import psycopg2
-
-    table = TableName.parse(relay.table)
-    try:
-        position = read_position(client_config, relay.offsets_topic, relay.id, wait=5)
-        status = {"relay": relay.id, "position": format_lsn(position.end_lsn) if position else "(none yet)",
-                  "last relayed at": position.relayed_at if position else "-"}
-    except (ServiceUnavailableError, PositionUnreadableError) as exc:
-        status = {"relay": relay.id, "position": f"(Kafka unavailable: {exc})", "last relayed at": "?"}
-    conn = psycopg2.connect(dsn)
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT to_jsonb(s), pg_size_pretty(pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)) "
-                        "FROM pg_replication_slots s WHERE slot_name = %s", (relay.slot_name,))
-            row = cur.fetchone()
-            if row is None:
-                raise ConfigError(f"replication slot {relay.slot_name!r} does not exist: run `tidemark outbox init`")
-            slot, retained = row[0], row[1]
-            active = f"active, pid {slot['active_pid']}" if slot.get("active") else "inactive"
-            invalid = slot.get("invalidation_reason") or ("WAL lost" if slot.get("wal_status") == "lost" else None)
-            status["slot"] = f"{relay.slot_name} ({active}{', INVALIDATED: ' + invalid if invalid else ''})"
-            status["slot confirmed"] = str(slot.get("confirmed_flush_lsn"))
-            status["WAL retained"] = str(retained)
-            pending, age = _backlog(cur, table)
-            status["lag (events)"] = str(pending)
-            status["lag (seconds)"] = f"{age:.1f}"
-    finally:
-        conn.close()
-    return status
-
-
-def _backlog(cur: Any, table: TableName) -> tuple[int, float]:
-    cur.execute(f"SELECT count(*), EXTRACT(EPOCH FROM now() - min(created_at)) FROM {table.sql}")
-    pending, age = cur.fetchone()
-    return int(pending), max(0.0, float(age)) if age is not None else 0.0
-
-
-def relay_backlog(relay: RelayConfig, dsn: str) -> tuple[int, float]:
-    """(outbox rows not yet relayed and acknowledged, age in seconds of the oldest; 0 when none)."""
-    import psycopg2
-
-    conn = psycopg2.connect(dsn, connect_timeout=5)
-    try:
-        conn.autocommit = True
-        with conn.cursor() as cur:
-            return _backlog(cur, TableName.parse(relay.table))
-    finally:
-        conn.close()

@@ -370,7 +370,7 @@ def header(record: Record, name: str) -> str:
 
 def assert_relayed_exactly_once(setup: RelaySetup, committed: list[SourceTxn], rolled_back: set[str], *,
                                 foreign: bool = False) -> dict[str, int]:
-    """The guarantees of issue 4 on the topics' read_committed view; returns some counts.
+    """The relay's guarantees (G4) on the topics' read_committed view; returns some counts.
 
     ``foreign``: another producer wrote records without the relay's headers into the same
     topics; they are left out, and a source transaction's events in a partition may have

@@ -1,5 +1,5 @@
 """Slow fault injection for the relay: SIGKILL at random instants under concurrent writers,
-and PostgreSQL then the broker restarted under a running relay (issue 4, G4 and G5)."""
+and PostgreSQL then the broker restarted under a running relay (G4 and G5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The relay under real operating conditions (issue 21), on a real PostgreSQL and broker:
+"""The relay under real operating conditions, on a real PostgreSQL and broker:
 another relay's open transaction on the shared offsets topic, events Kafka cannot take,
 a dropped slot, a slot held by someone else, the offsets topic's shape.
 """

@@ -145,7 +145,8 @@ def test_a_delivery_report_without_an_offset_redoes_the_transaction() -> None:
     from types import SimpleNamespace
 
     from connectors.producer import TransactionAbortedError
-    from outbox.relay import Group, Relay
+    from outbox.grouping import Group
+    from outbox.relay import Relay
 
     def report(offset: int | None) -> SimpleNamespace:
         return SimpleNamespace(offset=lambda: offset, topic=lambda: "a")
@@ -175,7 +176,7 @@ def test_a_released_group_is_freed_by_reference_counting() -> None:
     import weakref
     from functools import partial
 
-    from outbox.relay import Group
+    from outbox.grouping import Group
 
     def staged() -> Group:
         group = Group(placement=Placement())

@@ -97,7 +97,7 @@ def test_fenced_and_fatal_stop_and_an_outage_is_transient() -> None:
 def test_the_relay_raises_the_young_gc_threshold_only_while_it_runs() -> None:
     import gc
 
-    from outbox.relay import YOUNG_GC_THRESHOLD, collector_for_groups
+    from outbox.grouping import YOUNG_GC_THRESHOLD, collector_for_groups
 
     before = gc.get_threshold()
     try:
