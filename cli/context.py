@@ -43,7 +43,7 @@ def relay_of(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from pathlib import Path
 
     from connectors.kafka_config import librdkafka_config
-    from orchestration.context import load, preflight, with_stack_security
+    from orchestration.context import load, postgres_named_by, preflight, with_stack_security
     from tidemark.config import TidemarkConfig
 
     path = Path(args.config)
@@ -63,5 +63,5 @@ def relay_of(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     preflight(config, bootstrap)
     from connectors.preflight import check_postgres
 
-    check_postgres(dsn)
+    check_postgres(dsn, named_by=postgres_named_by(config))
     return config, dsn, librdkafka_config(config.kafka, bootstrap)

@@ -34,14 +34,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import os
     from pathlib import Path
 
+    from infra.prefect_server import check_api
     from infra.stack import Stack
-    from orchestration.context import load
+    from orchestration.context import load, preflight, resolve_bootstrap
 
     config = load(args.config)
     if not config.pipelines and not args.relay:
         raise ConfigError(f"{args.config} declares no pipelines and --relay was not given: nothing to serve")
+    if config.pipelines:  # each server the runs need answers now, or one line says which does not
+        preflight(config, resolve_bootstrap(config))
+    if args.relay:
+        relay_of(argparse.Namespace(config=args.config, relay_id=None))
     stack = Stack(settings())
     server = stack.prefect()
+    if server is None:
+        check_api(os.environ["PREFECT_API_URL"])
     os.environ["PREFECT_API_URL"] = stack.prefect_api()  # before Prefect reads its settings
     from orchestration.serve import serve_all
 
@@ -79,13 +86,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     from orchestration.context import PipelineContext, load, preflight, resolve_bootstrap
     from orchestration.status import pipeline_status, relay_summary
 
-    config = load(args.config)
-    bootstrap = resolve_bootstrap(config)
-    for p in config.pipelines or [None]:  # each pipeline as its own principal, if it has one
-        preflight(config.for_pipeline(p.name) if p else config, bootstrap, p.topics if p else ())
     from tidemark.storage import check_reachable
 
+    config = load(args.config)
     check_reachable([path for p in config.pipelines for path in (p.target, p.quarantine_path, p.ledger_path)])
+    bootstrap = resolve_bootstrap(config)
+    secured = any(config.for_pipeline(p.name).kafka.security.protocol != "PLAINTEXT" for p in config.pipelines)
+    for p in (config.pipelines if secured else []) or [None]:  # each pipeline as its own principal, if it has one
+        preflight(config.for_pipeline(p.name) if p else config, bootstrap, p.topics if p else ())
     quality_dir = settings().home_dir / "quality"
     statuses = [pipeline_status(PipelineContext(config.for_pipeline(p.name), p, bootstrap), quality_dir)
                 for p in config.pipelines]

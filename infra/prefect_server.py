@@ -68,3 +68,18 @@ class EmbeddedPrefect:
 
     def describe(self) -> str:
         return f"{self.ui_url} (UI), API {self.api_url}" if self.running() else "stopped"
+
+
+def check_api(url: str, *, named_by: str = "PREFECT_API_URL", timeout: float = 3.0) -> None:
+    """One line, within seconds, when the Prefect API a command is pointed at does not answer."""
+    from tidemark.errors import ServiceUnavailableError
+
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout) as resp:
+            if resp.status == 200:
+                return
+            problem = f"answered {resp.status}"
+    except OSError as exc:  # URLError, a refused connection, a timeout
+        problem = str(getattr(exc, "reason", exc))
+    raise ServiceUnavailableError(f"the Prefect API at {url} ({named_by}) does not answer ({problem}): is the "
+                                  "server up, and is that its address?")

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 from infra import cds, udfs
 from infra import jars as jar_cache
 from infra.classpath import driver_class_path
-from tidemark.logs import ROTATE_BYTES, ROTATE_KEEP, SPARK_LOG, jvm_stdout_to_log
+from tidemark.errors import StackError
+from tidemark.logs import ROTATE_BYTES, ROTATE_KEEP, SPARK_LOG, jvm_output_to_log
 from tidemark.settings import Settings
 
 LOG4J2 = Path(__file__).parent / "spark-log4j2.properties"
@@ -152,8 +153,15 @@ def build_session(settings: Settings, app_name: str = "tidemark", *, warehouse: 
     for key, value in {**spark_conf(settings, warehouse=warehouse), **(extra or {})}.items():
         if key not in without:
             builder = builder.config(key, value)
-    with jvm_stdout_to_log():  # the driver JVM starts here and keeps this stdout
-        session = builder.getOrCreate()
+    with jvm_output_to_log() as log:  # the driver JVM starts here and keeps this stdout and stderr
+        try:
+            session = builder.getOrCreate()
+        except Exception as exc:
+            if log is None or "JAVA_GATEWAY_EXITED" not in str(exc):
+                raise
+            tail = " | ".join(line.strip() for line in log.read_text(errors="replace").splitlines()[-3:])
+            raise StackError(f"the Spark driver's JVM exited as it started: {tail or 'no output'} "
+                             f"(its output is in {log})") from None
     session.sparkContext.setLogLevel("WARN")
     udfs.register(session)
     return session

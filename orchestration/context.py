@@ -57,18 +57,35 @@ def with_stack_security(config: TidemarkConfig) -> TidemarkConfig:
 
 
 def preflight(config: TidemarkConfig, bootstrap: str, topics: tuple[str, ...] = ()) -> None:
-    """On a secured cluster, one metadata request first: a refused login, an untrusted
-    certificate, a hidden topic or one the principal may not read becomes one clear line
-    now, not a Java stack trace from Spark later (``connectors.preflight``)."""
-    if config.kafka.security.protocol == "PLAINTEXT":
-        return
+    """One metadata request first: a broker that does not answer, a refused login, an
+    untrusted certificate, a hidden topic or one the principal may not read becomes one
+    clear line within seconds, not a Java stack trace or a 20-second transport failure
+    from Spark later (``connectors.preflight``)."""
     from connectors.kafka_config import librdkafka_config
     from connectors.preflight import check_access, require_operation
 
     client = librdkafka_config(config.kafka, bootstrap)
-    check_access(client, topics)
-    if topics:
+    check_access(client, topics, named_by=kafka_named_by(config))
+    if topics and config.kafka.security.protocol != "PLAINTEXT":
         require_operation(client, topics, "READ")
+
+
+def kafka_named_by(config: TidemarkConfig) -> str:
+    """The setting the Kafka address came from, as an error should name it."""
+    if config.kafka.bootstrap_servers is not None:
+        return "kafka.bootstrap_servers in the config"
+    if settings().kafka.bootstrap_servers is not None:
+        return "TIDEMARK_KAFKA__BOOTSTRAP_SERVERS"
+    return "the embedded stack's broker: `tidemark stack up` starts it, TIDEMARK_KAFKA__BOOTSTRAP_SERVERS names another"
+
+
+def postgres_named_by(config: TidemarkConfig) -> str:
+    """The setting the PostgreSQL DSN came from, as an error should name it."""
+    if config.postgres.dsn is not None:
+        return "postgres.dsn in the config"
+    if settings().postgres.dsn is not None:
+        return "TIDEMARK_POSTGRES__DSN"
+    return "the embedded stack's PostgreSQL: `tidemark stack up` starts it, TIDEMARK_POSTGRES__DSN names another"
 
 
 def resolve_bootstrap(config: TidemarkConfig) -> str:

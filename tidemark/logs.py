@@ -35,7 +35,7 @@ ROTATE_BYTES = 20 * 1024 * 1024
 ROTATE_KEEP = 3
 
 #: The Spark driver's log in the log directory: log4j writes it (``infra.spark``) and
-#: :func:`jvm_stdout_to_log` appends the JVM's own stdout to it.
+#: :func:`jvm_output_to_log` appends the JVM's own stdout and stderr to it.
 SPARK_LOG = "spark.log"
 
 
@@ -85,28 +85,35 @@ def configure(home: Path, *, verbose: bool = False, debug: bool = False,
 
 
 @contextlib.contextmanager
-def jvm_stdout_to_log() -> Iterator[None]:
-    """While inside, file descriptor 1 goes to ``spark.log``: a JVM started meanwhile keeps it as its stdout.
+def jvm_output_to_log() -> Iterator[Path | None]:
+    """While inside, file descriptors 1 and 2 go to ``spark.log``: a JVM started meanwhile keeps them.
 
-    Some Delta commands print to the JVM's standard output instead of logging (VACUUM's
-    "Deleted N files and directories"), which log4j cannot route; the driver JVM is a child
-    process that inherits our descriptors when it starts (``infra.spark.build_session``).
-    Only when the CLI routed logs (:func:`configure`, without ``-v``); otherwise a no-op.
-    Once log4j rolls ``spark.log`` over, these rare lines (one per VACUUM) follow the
-    renamed file, and go with it.
+    The driver JVM is a child process that inherits our descriptors when it starts
+    (``infra.spark.build_session``). What it writes there outside log4j is not for the
+    operator's console: the launcher's ``WARNING: Using incubator modules`` (Spark asks for
+    ``jdk.incubator.vector``, and the JVM announces it before any logging starts), and Delta
+    commands that print instead of logging (VACUUM's "Deleted N files and directories").
+    Yields the file, so that a JVM that fails to start can be explained from it. Only when
+    the CLI routed logs (:func:`configure`, without ``-v``); otherwise a no-op yielding None.
+    Once log4j rolls ``spark.log`` over, these rare lines follow the renamed file.
     """
     directory = os.environ.get(LOG_DIR_ENV)
     if not directory or os.environ.get(VERBOSE_ENV):
-        yield
+        yield None
         return
+    path = Path(directory) / SPARK_LOG
     sys.stdout.flush()
-    saved = os.dup(1)
-    target = os.open(os.path.join(directory, SPARK_LOG), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    sys.stderr.flush()
+    saved = (os.dup(1), os.dup(2))
+    target = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.dup2(target, 1)
-        yield
+        os.dup2(target, 2)
+        yield path
     finally:
         sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
-        os.close(target)
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, target):
+            os.close(fd)

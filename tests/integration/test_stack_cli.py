@@ -102,8 +102,9 @@ def test_stack_up_names_a_taken_port(cli_env: dict[str, str]) -> None:
 
 
 #: Lines an operator should never see from a run that went well: a Java or Python stack
-#: trace, a tqdm progress bar, a librdkafka log line.
-_NOISE = re.compile(r"^(\s+at [\w.$<>]+\(|Caused by: |Traceback |\S+\.\w*(Exception|Error): )"
+#: trace, the JVM launcher's own warnings (``WARNING: Using incubator modules``), a tqdm
+#: progress bar, a librdkafka log line.
+_NOISE = re.compile(r"^(\s+at [\w.$<>]+\(|Caused by: |Traceback |\S+\.\w*(Exception|Error): |WARNING: )"
                     r"|it/s\]|Calculating Metrics|^%\d\|\d+\.\d+\|", re.MULTILINE)
 
 
