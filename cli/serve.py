@@ -92,8 +92,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     check_reachable([path for p in config.pipelines for path in (p.target, p.quarantine_path, p.ledger_path)])
     bootstrap = resolve_bootstrap(config)
     secured = any(config.for_pipeline(p.name).kafka.security.protocol != "PLAINTEXT" for p in config.pipelines)
-    for p in (config.pipelines if secured else []) or [None]:  # each pipeline as its own principal, if it has one
-        preflight(config.for_pipeline(p.name) if p else config, bootstrap, p.topics if p else ())
+    if secured:  # each pipeline as its own principal, if it has one
+        for p in config.pipelines:
+            preflight(config.for_pipeline(p.name), bootstrap, p.topics)
+    else:
+        preflight(config, bootstrap)
     quality_dir = settings().home_dir / "quality"
     statuses = [pipeline_status(PipelineContext(config.for_pipeline(p.name), p, bootstrap), quality_dir)
                 for p in config.pipelines]
