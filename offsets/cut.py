@@ -29,15 +29,28 @@ rows without asking the clock again.
 For topics the relay writes, its manifest lists every source transaction's exact spans,
 so the same spans and verdict come from the manifest with no read of the records
 (:func:`listed_spans`); both paths give the same cut on the same data.
+
+A batch's plan gathers its facts first, by reading Kafka (``pipelines.transactions``):
+either a :class:`ManifestRead`, or the planning scan's spans plus what the search past the
+proposal met (:class:`Scanned`; where to search is itself decided here,
+:func:`searches`). Then :func:`decide` makes the whole decision from those facts in one
+call: the verdict, the policy for overdue transactions, the cut, and the intent as the
+ledger will store it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
-from offsets.ledger import TP, Range, Wait
+from offsets.ledger import TP, Intent, Range, Wait
+from tidemark.config import TransactionsConfig
+from tidemark.errors import TerminalError
+
+
+class IncompleteTransactionError(TerminalError):
+    """A source transaction stayed incomplete past its timeout and the policy is ``stop``."""
 
 
 @dataclass(frozen=True)
@@ -300,3 +313,133 @@ def cut_ranges(ranges: Iterable[Range], spans: Iterable[TxnSpan], released: Iter
     cut = tuple(Range(r.topic, r.partition, r.start, max(r.start, min(r.end, ends[r.tp]))) for r in proposed)
     seen_released = tuple(sorted(s.txn for s in spans if s.txn in free))
     return Cut(cut, seen_released, tuple(sorted(held)))
+
+
+#: Per relay, the commit LSNs ``[low, high]`` of the source transactions a manifest read listed.
+RelayRanges = tuple[tuple[str, int, int], ...]
+
+#: Per manifest record read: its offset and each of its spans' (partition, last offset).
+RecordLasts = tuple[tuple[int, tuple[tuple[TP, int], ...]], ...]
+
+
+@dataclass(frozen=True)
+class ManifestRead:
+    """What one read of the manifest found for a batch's proposed ranges: the facts of a cut from it."""
+
+    start: int
+    end: int
+    """Manifest offsets read: ``[start, end)``."""
+    listed: tuple[Listed, ...]
+    """Transactions with an event inside the proposed ranges (records wholly inside as blocks)."""
+    relays: RelayRanges
+    """Per relay, the commit LSNs of its listed transactions (what the batch's write lets be)."""
+    records: RecordLasts
+    """Per record read: its offset and each of its spans' (partition, last offset): where the next read starts."""
+
+    def next_cursor(self, ends: Mapping[TP, int]) -> int:
+        """The first record with an event at or past ``ends`` (a later batch's); ``end`` when none."""
+        for offset, spans in self.records:
+            if any(tp in ends and last >= ends[tp] for tp, last in spans):
+                return offset
+        return self.end
+
+
+@dataclass(frozen=True)
+class Search:
+    """One read past a proposal for the missing events of its incomplete transactions."""
+
+    regions: dict[str, dict[TP, tuple[int, int]]]
+    """Per transaction, the ``[from, LSO)`` of each partition to read (:func:`search_regions`)."""
+    expected: dict[str, int]
+    """Per transaction, the events it declares for this pipeline's topics."""
+    have: dict[str, frozenset[int]]
+    """Per transaction, the positions of its events already known readable."""
+
+
+def searches(spans: Iterable[TxnSpan], ends: Mapping[TP, int], lso: Mapping[TP, int],
+             waits: Mapping[str, Wait]) -> tuple[Search, Search]:
+    """The reads past the proposal that a scan's incomplete transactions need: first for those
+    not waiting yet, then for those already waiting.
+
+    Apart: a waiting transaction is searched from where its last search stopped, often far
+    past the proposal, and one read of both would re-read the stretch in between.
+    """
+    incomplete = [s for s in spans if not s.complete]
+    regions = search_regions(incomplete, ends, lso, waits)
+    have = {s.txn: s.positions | (waits[s.txn].found if s.txn in waits else frozenset()) for s in incomplete}
+    expected = {s.txn: s.expected for s in incomplete}
+
+    def part(waited: bool) -> Search:
+        mine = {txn: r for txn, r in regions.items() if (txn in waits) is waited}
+        return Search(mine, {t: expected[t] for t in mine}, {t: have[t] for t in mine})
+    return part(False), part(True)
+
+
+@dataclass(frozen=True)
+class Scanned:
+    """The facts of a cut from the records: the planning scan's spans, and the search's finds."""
+
+    spans: tuple[TxnSpan, ...]
+    """Every multi-event source transaction with an event in the proposed ranges."""
+    found: Mapping[str, frozenset[int]]
+    """Per incomplete transaction, the positions of its events known readable past the proposal."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A batch's G3 plan, decided: the intent as the ledger will store it, and what to report of it."""
+
+    intent: Intent
+    held: tuple[str, ...]
+    """Transactions left for a later batch (incomplete, or split by the cut)."""
+    longest_wait: float
+    """Seconds the longest-waiting released transaction waited (0 when none is released)."""
+
+
+def decide(pipeline: str, policy: TransactionsConfig, intent: Intent, lso: Mapping[TP, int],
+           waits: Mapping[str, Wait], facts: Scanned | ManifestRead) -> Decision:
+    """``intent`` cut at source-transaction boundaries, from facts already gathered.
+
+    ``lso``: per partition, the end up to which a missing event would be readable; ``waits``:
+    the batch before's (:class:`offsets.ledger.Wait`), which this one carries on.
+
+    1. Judge the transactions: whole in Kafka, waiting, or overdue (:func:`judge` from the
+       scan's facts, :func:`listed_spans` from the manifest's).
+    2. Apply the policy to the overdue: ``stop`` raises :class:`IncompleteTransactionError`
+       (nothing is written), ``release`` takes them as they are.
+    3. Cut the proposal so that every transaction with an event inside is whole or released
+       (:func:`cut_with_inside`).
+    4. Record the decisions in the intent: the ranges, the released, the waits carried on,
+       and for a cut from the manifest, its offsets read and where the next read starts.
+    """
+    timeout = timedelta(seconds=policy.incomplete_timeout_seconds)
+    # Step 1.
+    inside: list[Listed] = []
+    if isinstance(facts, Scanned):
+        spans = list(facts.spans)
+        verdict = judge(spans, facts.found, lso, waits, intent.planned_at, timeout)
+        count = len(spans)
+    else:
+        spans, inside, verdict, count = listed_spans(facts.listed, intent.ranges, lso, waits, intent.planned_at,
+                                                     timeout)
+    # Step 2.
+    late = verdict.overdue
+    if late and policy.on_incomplete == "stop":
+        names = ", ".join(f"{s.txn} ({s.seen} of {s.expected} events)" for s in late[:5])
+        raise IncompleteTransactionError(
+            f"pipeline {pipeline!r}: source transaction(s) missing events below the LSO for over "
+            f"{policy.incomplete_timeout_seconds:g} s: {names}. Nothing of them was written. Find the missing "
+            "events (relay, retention) or set transactions.on_incomplete: release to write them flagged")
+    # Step 3.
+    cut = cut_with_inside(intent.ranges, spans, inside, released=[s.txn for s in late])
+    # Step 4.
+    waiting = {txn: w for txn, w in verdict.waits.items() if txn not in cut.released}
+    longest = 0.0
+    if cut.released:
+        longest = max((intent.planned_at - verdict.waits[s.txn].since).total_seconds() for s in late)
+    cursor = intent.manifest  # a cut from the scan keeps whatever cursor the plan had
+    if isinstance(facts, ManifestRead):
+        cursor = (facts.start, facts.end, facts.next_cursor({r.tp: r.end for r in cut.ranges}))
+    decided = replace(intent, guarded=isinstance(facts, ManifestRead), txns=count, ranges=cut.ranges,
+                      released=cut.released, held=len(cut.held), waiting=waiting, manifest=cursor)
+    return Decision(decided, cut.held, longest)

@@ -134,7 +134,7 @@ def _summarise(spark: Any, config: Any, pipeline: Any, committed: set[str], lag:
     from connectors.topic_reader import read_to_end
     from orchestration.context import resolve_bootstrap
     from pipelines.dedup import EVENT_ID_COLUMN
-    from pipelines.transactions import TXN_COLUMN
+    from pipelines.transactions.headers import TXN_COLUMN
     from quality import facts
 
     bootstrap = resolve_bootstrap(config)

@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from connectors.kafka_config import fingerprint
+from offsets.cut import RelayRanges
 from offsets.ledger import Intent
 from offsets.protocol import ERROR_COLUMN, BatchFrames, Guard, guarded_error
 from pipelines.dedup import EVENT_ID_COLUMN, flag_duplicates
-from pipelines.transactions import (
+from pipelines.transactions.headers import (
     HEADERS_COLUMN,
     TXN_COLUMN,
-    RelayRanges,
     event_header,
     guard,
     header,

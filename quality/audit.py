@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipelines.dedup import EVENT_ID_COLUMN
-from pipelines.transactions import TXN_COLUMN
+from pipelines.transactions.headers import TXN_COLUMN
 from quality import facts
 from tidemark.config import PipelineConfig
 

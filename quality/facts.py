@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from connectors.admin import KafkaAdmin
 from offsets.ledger import Intent, Ledger, Range, now_utc
 from offsets.tables import delta_table_exists
-from pipelines.transactions import TXN_COLUMN
+from pipelines.transactions.headers import TXN_COLUMN
 from pipelines.transform import read_ranges
 from tidemark.config import PipelineConfig
 

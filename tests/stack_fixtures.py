@@ -60,7 +60,7 @@ def kafka_cluster(settings: Settings, state: Path, *, brokers: int = 1) -> Itera
 def _stop(cluster: EmbeddedKafka) -> None:
     """Stop ``cluster``, closing first the manifest consumers runs kept for later ones (else they
     retry the stopped brokers, and log each retry, until they expire)."""
-    from pipelines.transactions import ManifestConsumers
+    from pipelines.transactions.consumers import ManifestConsumers
 
     ManifestConsumers.close_idle()
     cluster.stop()

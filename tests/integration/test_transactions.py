@@ -21,10 +21,10 @@ import pytest
 import yaml
 from confluent_kafka import Producer
 
+from offsets.cut import IncompleteTransactionError
 from offsets.ledger import Ledger
 from outbox import headers as H
 from pipelines.ingest import IngestJob
-from pipelines.transactions import IncompleteTransactionError
 from quality.audit import audit
 from tests.kafka_helpers import transactional_producer
 from tidemark.config import TidemarkConfig, parse_config
@@ -275,7 +275,7 @@ def test_the_planning_scan_reads_headers_as_the_table_column_does(spark, kafka_b
     from connectors.kafka_config import spark_options
     from connectors.range_reader import headed_records
     from offsets.ledger import Intent, Range, now_utc
-    from pipelines.transactions import (
+    from pipelines.transactions.headers import (
         HEADERS_COLUMN,
         guard,
         header,
@@ -391,7 +391,7 @@ def test_g3_is_checked_in_the_write_until_a_batch_meets_a_multi_event_transactio
     """``transactions.scan: auto``: batches with no multi-event transaction are not scanned;
     the first that has one fails its own write, is revised with the scan, and lands cut;
     the batch after a scan that found some is scanned at planning."""
-    from pipelines import transactions
+    from pipelines.transactions import plan
 
     topic = topic_factory("g3guard", partitions=2)
     src = SourceTxns(kafka_bootstrap)
@@ -400,13 +400,13 @@ def test_g3_is_checked_in_the_write_until_a_batch_meets_a_multi_event_transactio
     config = _config(kafka_bootstrap, tmp_path, [topic])
     pipeline = config.pipelines[0]
     scanned: list[int] = []
-    real_scan = transactions.scan
+    real_scan = plan.scan
 
     def counted_scan(client_config: Any, pipeline: Any, intent: Any) -> Any:
         scanned.append(intent.batch_id)
         return real_scan(client_config, pipeline, intent)
 
-    monkeypatch.setattr(transactions, "scan", counted_scan)
+    monkeypatch.setattr(plan, "scan", counted_scan)
     ledger = Ledger(spark, pipeline.ledger_path, pipeline.name)
 
     def ingest() -> None:

@@ -1,4 +1,4 @@
-"""G3 on a relay-written backlog older than the incomplete-timeout (issue 20), on real
+"""G3 on a relay-written backlog older than the incomplete-timeout, on real
 PostgreSQL, relay, Kafka, Spark and Delta.
 
 A transaction the record cap splits is whole in Kafka, however old its events: it must
@@ -148,7 +148,8 @@ def test_only_a_transaction_missing_events_below_the_lso_is_released_after_the_t
 
 def test_the_manifest_cut_equals_the_scan_cut_version_by_version_with_no_scan(
         spark, postgres_dsn: str, kafka_bootstrap: str, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from pipelines import transactions
+    from pipelines.transactions import consumers as pool
+    from pipelines.transactions import manifest_records, plan
 
     # Small groups: many manifest records, most of them inside a batch (read from their summary).
     setup = RelaySetup.create(tmp_path, postgres_dsn, kafka_bootstrap, group={"max_transactions": 1})
@@ -165,18 +166,18 @@ def test_the_manifest_cut_equals_the_scan_cut_version_by_version_with_no_scan(
             "max_records_per_batch": max(60, sum(written.values()) // 5), "transactions": g3}]})
 
     scans = []
-    real_scan = transactions.scan
-    monkeypatch.setattr(transactions, "scan", lambda *a, **k: scans.append(1) or real_scan(*a, **k))
+    real_scan = plan.scan
+    monkeypatch.setattr(plan, "scan", lambda *a, **k: scans.append(1) or real_scan(*a, **k))
     consumers: list[str] = []
-    real_consumer = transactions._manifest_consumer
-    monkeypatch.setattr(transactions, "_manifest_consumer",
+    real_consumer = pool.manifest_consumer
+    monkeypatch.setattr(pool, "manifest_consumer",
                         lambda config, isolation: consumers.append(isolation) or real_consumer(config, isolation))
     summaries: list[object] = []
-    real_summarized = transactions._summarized
-    monkeypatch.setattr(transactions, "_summarized",
+    real_summarized = manifest_records._summarized
+    monkeypatch.setattr(manifest_records, "_summarized",
                         lambda *a: summaries.append(found := real_summarized(*a)) or found)
     by_manifest = config("manifest", manifest_topic=setup.manifest_topic)
-    transactions.ManifestConsumers.close_idle()  # none kept from an earlier test's runs
+    pool.ManifestConsumers.close_idle()  # none kept from an earlier test's runs
     IngestJob(spark, by_manifest, by_manifest.pipelines[0], kafka_bootstrap).run_bounded()
     assert scans == [], "the manifest path read the records' headers"
     # Records inside a batch were read from their summary header, the others decoded.

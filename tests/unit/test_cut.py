@@ -10,6 +10,7 @@ import pytest
 
 from offsets.cut import TxnSpan, cut_ranges, judge, search_regions
 from offsets.ledger import Intent, Range, Wait
+from tidemark.config import TransactionsConfig
 
 T0 = datetime(2026, 11, 22, tzinfo=UTC)
 TIMEOUT = timedelta(seconds=600)
@@ -76,7 +77,7 @@ def test_the_search_looks_only_where_missing_events_can_be() -> None:
 
 
 def test_a_transaction_whole_past_the_proposal_waits_without_a_clock() -> None:
-    """The defect of issue 20: a cap that splits a transaction must never release it, however old."""
+    """A cap that splits a transaction must never release it, however old: its rest lies readable past the cap."""
     split = span("t1", {("a", 0): [8, 9]}, expected=3, positions={0, 1})
     verdict = judge([split], {"t1": frozenset({2})}, LSO, {}, T0 + timedelta(days=1), TIMEOUT)
     assert verdict.whole_in_kafka == ("t1",) and verdict.waits == {} and verdict.overdue == ()
@@ -225,13 +226,20 @@ class _Record:
 @pytest.mark.parametrize("other_topic", [True, False], ids=["other-topic", "ours-only"])
 def test_manifest_records_read_as_blocks_give_the_scans_cut_and_guard_range(summary: bool, other_topic: bool) -> None:
     """Relay-like data encoded as real manifest records (random group commits, a topic of
-    another pipeline mixed in or not): what ``pipelines.transactions._read_record`` makes of
+    another pipeline mixed in or not): what ``pipelines.transactions.manifest_records.read_record`` makes of
     each record (blocks where a record lies inside the proposal, from its summary header
     when it has one, else from its entries) cuts exactly as the scan of the records does,
     counts the same transactions, and lists the same LSN range for the guard."""
     from offsets.cut import ListedBlock, cut_with_inside, listed_spans
     from outbox.manifest import Manifest, ManifestEntry
-    from pipelines.transactions import _decoded, _limits, _read_record, _relay_ranges, _summarized, _take
+    from pipelines.transactions.manifest_records import (
+        _decoded,
+        _summarized,
+        _take,
+        proposal_limits,
+        read_record,
+        relay_ranges,
+    )
 
     rng = random.Random(11)
     ours = [("a", 0), ("a", 1), ("b", 0)]
@@ -262,13 +270,13 @@ def test_manifest_records_read_as_blocks_give_the_scans_cut_and_guard_range(summ
         listed, by_relay = [], {}
         for manifest in records:
             record = _Record(manifest.encoded() if summary else manifest.encode())
-            relay, found, ids, _, _ = _read_record(record, _limits(intent), lambda t: t != "z", starts, ends)
-            from_summary = _summarized(record, _limits(intent), lambda t: t != "z")
+            relay, found, ids, _, _ = read_record(record, proposal_limits(intent), lambda t: t != "z", starts, ends)
+            from_summary = _summarized(record, proposal_limits(intent), lambda t: t != "z")
             if from_summary is not None:  # then exactly the block the entries give
                 quick += 1
                 decoded = _decoded(manifest.encode())
                 assert decoded is not None
-                (block,), block_ids, _, _ = _take(decoded[1], _limits(intent), lambda t: t != "z", starts, ends)
+                (block,), block_ids, _, _ = _take(decoded[1], proposal_limits(intent), lambda t: t != "z", starts, ends)
                 assert isinstance(block, ListedBlock)
                 assert (dict(from_summary[1].last), from_summary[1].txns, from_summary[2]) == \
                     (dict(block.last), block.txns, block_ids)
@@ -293,8 +301,98 @@ def test_manifest_records_read_as_blocks_give_the_scans_cut_and_guard_range(summ
         reached += sum(b.reached({r.tp: r.end for r in cut.ranges}) for b in found_blocks)
         touched = [int(t.split("/")[1], 16) for t, where in events.items()
                    if any(tp in lso and min(o) < ends[tp] for tp, o in where.items())]
-        assert _relay_ranges(by_relay) == ((("r1", min(touched), max(touched)),) if touched else ())
+        assert relay_ranges(by_relay) == ((("r1", min(touched), max(touched)),) if touched else ())
     assert blocks > 100 and reached > 10, (blocks, reached)  # both paths of the block were taken
     # The summary answered for many records (those inside the proposal holding only this
     # pipeline's topics); without it, none.
     assert (quick > 80) if summary else quick == 0, quick
+
+
+def _policy(on_incomplete: str = "release") -> TransactionsConfig:
+    return TransactionsConfig.model_validate({"on_incomplete": on_incomplete,
+                                              "incomplete_timeout_seconds": TIMEOUT.total_seconds()})
+
+
+def test_one_decision_from_the_scans_facts_or_the_manifests_gives_one_intent() -> None:
+    """Random relay-like partitions, every event below the LSO: ``decide`` from the scan's
+    spans and search, and from the manifest's listing, gives the same ranges, holds, waits and
+    count; only the manifest's makes the write guarded and moves the manifest cursor."""
+    from offsets.cut import ListedTxn, ManifestRead, Scanned, decide
+
+    rng = random.Random(23)
+    for _ in range(200):
+        tps = [("a", 0), ("a", 1), ("b", 0)]
+        cursor = {tp: 0 for tp in tps}
+        events: dict[str, dict[tuple[str, int], list[int]]] = {}
+        for i in range(rng.randint(1, 10)):
+            txn = events.setdefault(f"t{i}", {})
+            for tp in rng.sample(tps, rng.randint(1, 3)):
+                n = rng.randint(1, 3)
+                txn[tp] = list(range(cursor[tp], cursor[tp] + n))
+                cursor[tp] += n + (1 if rng.random() < 0.5 else 0)
+        lso = dict(cursor)
+        ranges = tuple(Range(t, p, 0, max(0, lso[(t, p)] - rng.randint(0, 4))) for t, p in tps)
+        ends = {r.tp: r.end for r in ranges}
+        intent = Intent("p", 7, "w", T0, ranges, manifest=(0, 3, 3))
+        spans, found = [], {}
+        for txn, where in events.items():
+            inside = {tp: [o for o in offs if o < ends[tp]] for tp, offs in where.items()}
+            inside = {tp: offs for tp, offs in inside.items() if offs}
+            total, seen = sum(len(o) for o in where.values()), sum(len(o) for o in inside.values())
+            if inside and total > 1:
+                spans.append(TxnSpan(txn, seen, total, {tp: (min(o), max(o)) for tp, o in inside.items()},
+                                     positions=frozenset(range(seen))))
+                if seen < total:  # the search meets the rest past the proposal
+                    found[txn] = frozenset(range(seen, total))
+        listed = tuple(ListedTxn(txn, tuple((tp, min(o), max(o), len(o)) for tp, o in where.items()))
+                       for txn, where in events.items())
+        lasts = tuple((3 + i, tuple((tp, max(o)) for tp, o in where.items()))
+                      for i, where in enumerate(events.values()))
+        read = ManifestRead(3, 3 + len(lasts), listed, (), lasts)
+        scanned = decide("p", _policy(), intent, lso, {}, Scanned(tuple(spans), found))
+        listed_cut = decide("p", _policy(), intent, lso, {}, read)
+        assert scanned.intent.ranges == listed_cut.intent.ranges == cut_ranges(ranges, spans).ranges
+        assert scanned.held == listed_cut.held and scanned.intent.held == len(scanned.held)
+        assert scanned.intent.txns == listed_cut.intent.txns == len(spans)
+        assert scanned.intent.waiting == listed_cut.intent.waiting == {}
+        assert not scanned.intent.guarded and scanned.intent.manifest == (0, 3, 3)
+        assert listed_cut.intent.guarded
+        assert listed_cut.intent.manifest == (3, read.end, read.next_cursor(listed_cut.intent.ends()))
+
+
+def test_one_decision_refuses_an_overdue_transaction_under_stop_and_releases_it_flagged_otherwise() -> None:
+    from offsets.cut import IncompleteTransactionError, Scanned, decide
+
+    ranges = (Range("a", 0, 0, 10), Range("b", 0, 0, 10))
+    lso = {("a", 0): 10, ("b", 0): 10}
+    torn = span("t1", {("a", 0): [4]}, expected=2, declared={"a": 1, "b": 1})
+    whole = span("t2", {("a", 0): [1], ("b", 0): [2]})
+    waits = {"t1": Wait(T0, {("b", 0): 10})}
+    facts = Scanned((torn, whole), {})
+    # Not yet overdue: the torn one is held and keeps waiting since T0.
+    young = decide("p", _policy("stop"), Intent("p", 2, "w", T0 + TIMEOUT / 2, ranges), lso, waits, facts)
+    assert young.intent.ranges == (Range("a", 0, 0, 4), Range("b", 0, 0, 10)) and young.held == ("t1",)
+    assert young.intent.waiting["t1"].since == T0 and young.intent.released == () and young.longest_wait == 0
+    late = Intent("p", 3, "w", T0 + TIMEOUT, ranges)
+    with pytest.raises(IncompleteTransactionError, match="t1"):
+        decide("p", _policy("stop"), late, lso, waits, facts)
+    released = decide("p", _policy("release"), late, lso, waits, facts)
+    assert released.intent.ranges == ranges and released.intent.released == ("t1",) and released.held == ()
+    assert released.intent.waiting == {} and released.longest_wait == TIMEOUT.total_seconds()
+
+
+def test_the_search_reads_apart_for_new_and_for_waiting_transactions() -> None:
+    """What the scan's incomplete transactions need read past the proposal: a waiting one from
+    where its last search stopped, in a read of its own, knowing what that search found."""
+    from offsets.cut import searches
+
+    ends, lso = {("a", 0): 10, ("b", 0): 20}, {("a", 0): 100, ("b", 0): 50}
+    new = span("t1", {("a", 0): [8]}, expected=2, declared={"a": 1, "b": 1})
+    waiting = span("t2", {("a", 0): [9]}, expected=3, declared={"a": 3})
+    whole = span("t3", {("a", 0): [1], ("b", 0): [2]})
+    waits = {"t2": Wait(T0, {("a", 0): 60}, found=frozenset({2}))}
+    first, then = searches([new, waiting, whole], ends, lso, waits)
+    assert first.regions == {"t1": {("b", 0): (20, 50)}} and first.expected == {"t1": 2}
+    assert first.have == {"t1": frozenset({0})}
+    assert then.regions == {"t2": {("a", 0): (60, 100)}} and then.expected == {"t2": 3}
+    assert then.have == {"t2": frozenset({0, 2})}

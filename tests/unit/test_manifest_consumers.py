@@ -1,4 +1,4 @@
-"""The manifest's consumers kept between runs of one process (pipelines.transactions.ManifestConsumers.kept).
+"""The manifest's consumers kept between runs of one process (pipelines.transactions.consumers.ManifestConsumers.kept).
 
 Pure pool logic: no consumer is made here (``get`` is never called), so no broker is needed.
 """
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from pipelines.transactions import ManifestConsumers
+from pipelines.transactions.consumers import ManifestConsumers
 
 
 @pytest.fixture(autouse=True)
@@ -64,9 +64,9 @@ def test_one_timer_closes_every_expired_set(monkeypatch: pytest.MonkeyPatch) -> 
     import threading
     import time
 
-    from pipelines import transactions
+    from pipelines.transactions import consumers
 
-    monkeypatch.setattr(transactions, "KEPT_SECONDS", 0.2)
+    monkeypatch.setattr(consumers, "KEPT_SECONDS", 0.2)
     before = threading.active_count()
     for n in range(5):
         with ManifestConsumers.kept({"bootstrap.servers": f"b:{n}"}):

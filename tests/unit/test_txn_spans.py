@@ -1,4 +1,4 @@
-"""The planning scan's Arrow aggregation (pipelines.transactions.spans) against a plain-Python definition."""
+"""The planning scan's Arrow aggregation (pipelines.transactions.scanning.spans) against a plain-Python definition."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pyarrow as pa
 
-from pipelines.transactions import spans
+from pipelines.transactions.scanning import spans
 
 
 def _events(rows: list[tuple[str, str, int, int, int, int]]) -> pa.Table:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipelines.transactions import pulled_back
+from pipelines.transactions.starts import pulled_back
 
 P, Q, R = ("t", 0), ("t", 1), ("u", 0)
 STARTS = {P: 10, Q: 100, R: 50}
