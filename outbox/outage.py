@@ -4,12 +4,12 @@ Why this is its own module: an outage is not a reason for the relay to stop, and
 cost exactly-once (G4) or let a fenced relay commit (G5). Kafka unavailable: the relay steps
 back, waits (1 s, doubling up to 30 s, from 1 s again once a group has committed since) and
 resumes from step 1 of ``outbox.relay``. An aborted group or a commit of unknown outcome: the
-relay fences again and reads its position back before relaying anything more, and gives up
-after :data:`MAX_REDOS` failures of the same group. PostgreSQL lost: the open group is
-aborted, the session reconnects (the slot resends what was not acknowledged) and first
-checks that the relay still owns its id. A slot still held by a fenced relay with this id:
-that session is ended. The protocol's steps and what a crash after each leaves stay in
-``outbox.relay``.
+relay fences again and reads its position back before relaying anything more, and gives
+up once the same group has failed more than :data:`MAX_REDOS` times in a row. PostgreSQL
+lost: the open group is aborted and, once the relay has checked that it still owns its id,
+the session reconnects (the slot resends what was not acknowledged). A slot still held by a
+fenced relay with this id: that session is ended. The protocol's steps, and what a crash
+after each leaves, stay in ``outbox.relay``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
-"""Pure decisions of the relay: is the database the position's stream (outbox.source), and how the
-producer classifies a transactional error (connectors.producer)."""
+"""Pure decisions of the relay: is the database the position's stream (outbox.source), how the
+producer classifies a transactional error (connectors.producer), the collector's threshold while
+groups are held (outbox.grouping), the backoff after outages (outbox.outage) and the resume's
+settling window (outbox.relay)."""
 
 from __future__ import annotations
 
