@@ -2,7 +2,7 @@
 
 Benchmarks compare contenders side by side in one run and report ratios; absolute
 seconds on a shared 2-core machine are noise. Each report names the command, the
-machine, the load average and the date, so a number in docs/benchmarks.md can be re-run.
+machine, the load average and the date, so a number on the results page (docs/benchmarks.md) can be re-run.
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ one run on the same stack:
 A separate reader (no Spark) watches each table's ``_delta_log`` for new commits; when one
 appears it reads the event ids that commit added (the Parquet files it names) and takes,
 for each, the time since its database commit returned. Reported: p50/p95/p99 seconds per
-contender (``--json FILE``, ``--svg FILE``).
+contender, for the warm-up (``first``: from the contender's first commit to the window, what a
+just-started follower gives) and the measured window (``steady``), and the window's p99 in four
+equal parts (how far the steady figure moves) (``--json FILE``, ``--svg FILE``).
 
     .venv/bin/python -m bench.freshness_bench                     # 2,000 events/s, 120 s each
     .venv/bin/python -m bench.freshness_bench --rate 500 --seconds 30 --warmup 15
@@ -147,14 +149,19 @@ def spark_streaming_child(bootstrap: str, topics: str, target: str, checkpoint: 
 
 
 def measure(name: str, start: Any, table: Path, id_column: str, dsn: str, outbox: str, rate: int,
-            warmup: float, seconds: float) -> tuple[dict[str, float], float]:
-    """Run one contender: start it, let it warm up under load, then measure ``seconds`` of commits."""
+            warmup: float, seconds: float, slices: int = 4) -> dict[str, Any]:
+    """Run one contender: start it, let it warm up under load, then measure ``seconds`` of commits.
+
+    Returned: the percentiles of the window (``steady``), of the warm-up from the contender's
+    first commit to the window (``first``: what a just-started follower gives), and of each of
+    ``slices`` equal parts of the window (``slices``: how much the steady figure moves).
+    """
     proc = start()
     writer = Writer(dsn, outbox, rate)
     watcher = Watcher(table, id_column)
     try:
         # The load starts with the contender: a follower starting at `latest` creates its
-        # table with its first non-empty batch. Events before the window are not measured.
+        # table with its first non-empty batch. Events before that are not measured.
         watcher.start()
         writer.start()
         deadline = time.monotonic() + 300
@@ -162,6 +169,7 @@ def measure(name: str, start: Any, table: Path, id_column: str, dsn: str, outbox
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise AssertionError(f"{name} did not start (exit {proc.poll()})")
             time.sleep(0.5)
+        ready = time.time()
         time.sleep(warmup)
         window_start = time.time()
         time.sleep(seconds)
@@ -169,15 +177,24 @@ def measure(name: str, start: Any, table: Path, id_column: str, dsn: str, outbox
         writer.stop.set()
         writer.join(30)
         deadline = time.monotonic() + 120
+        first = [i for i, t in writer.committed.items() if ready <= t < window_start]
         measured = [i for i, t in writer.committed.items() if window_start <= t < window_end]
-        while time.monotonic() < deadline and not all(i in watcher.seen for i in measured):
+        while time.monotonic() < deadline and not all(i in watcher.seen for i in first + measured):
             time.sleep(0.5)
-        missing = [i for i in measured if i not in watcher.seen]
+        missing = [i for i in first + measured if i not in watcher.seen]
         if missing:
-            raise AssertionError(f"{name}: {len(missing)} of {len(measured)} events never became visible")
-        print(f"{name}: {len(measured):,} events measured; writer fell behind its rate by at most "
-              f"{writer.behind:.2f}s", flush=True)
-        return percentiles([watcher.seen[i] - writer.committed[i] for i in measured]), writer.behind
+            raise AssertionError(f"{name}: {len(missing)} of {len(first) + len(measured)} events never became visible")
+        print(f"{name}: {len(first):,} events in the warm-up, {len(measured):,} measured; writer fell behind its "
+              f"rate by at most {writer.behind:.2f}s", flush=True)
+
+        def latency(ids: list[str]) -> dict[str, float]:
+            return percentiles([watcher.seen[i] - writer.committed[i] for i in ids])
+
+        width = (window_end - window_start) / slices
+        parts = [[i for i in measured if window_start + k * width <= writer.committed[i] < window_start + (k + 1) * width]
+                 for k in range(slices)]
+        return {"steady": latency(measured), "first": latency(first), "first_seconds": window_start - ready,
+                "slices": [latency(ids) for ids in parts if ids], "writer_behind_s": writer.behind}
     finally:
         writer.stop.set()
         watcher.stop.set()
@@ -214,7 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="tidemark-freshness-"))
     print(f"logs in {work}", flush=True)
     run = uuid.uuid4().hex[:6]
-    results: dict[str, dict[str, float]] = {}
+    results: dict[str, dict[str, float]] = {}  # the steady window's percentiles
+    first: dict[str, dict[str, float]] = {}  # the warm-up's: from the contender's first commit to the window
+    slices: dict[str, list[dict[str, float]]] = {}  # the window in four equal parts
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
     with kafka_broker(args.bootstrap) as (bootstrap, broker_version), postgres(args.dsn) as dsn:
         relay = RelayConfig(id=f"fresh-{run}", table=f"public.outbox_{run}", topic=f"fresh-{run}.{{aggregatetype}}",
@@ -253,9 +272,9 @@ def main(argv: list[str] | None = None) -> int:
             for name, (start, table, column) in contenders.items():
                 if args.only and name != args.only:
                     continue
-                results[name], _ = measure(name, start, table, column, dsn, relay.table, args.rate, args.warmup,
-                                           args.seconds)
-                print(f"{name}: {results[name]}", flush=True)
+                measured = measure(name, start, table, column, dsn, relay.table, args.rate, args.warmup, args.seconds)
+                results[name], first[name], slices[name] = measured["steady"], measured["first"], measured["slices"]
+                print(f"{name}: first {first[name]}; steady {results[name]}", flush=True)
         finally:
             relay_proc.send_signal(signal.SIGTERM)
             relay_proc.wait(120)
@@ -265,16 +284,28 @@ def main(argv: list[str] | None = None) -> int:
     lines = ["", *header("Freshness: database commit to row visible in Delta", load_before),
              (f"Kafka {broker_version}, one broker; PostgreSQL (embedded); {args.rate:,} events/s in transactions of "
               f"10 over 3 topics x 3 partitions, relayed by `tidemark relay run`; each contender {args.seconds:.0f} s "
-              f"measured after {args.warmup:.0f} s of warm-up, one after the other; a 1 s trigger for both."), "",
-             "| contender | p50 s | p95 s | p99 s | max s | events |", "|---|---:|---:|---:|---:|---:|"]
+              f"measured after {args.warmup:.0f} s of warm-up, one after the other; a 1 s trigger for both. "
+              f"First: the warm-up, from the contender's first commit; steady: the measured window."), "",
+             "| contender | part | p50 s | p95 s | p99 s | max s | events |", "|---|---|---:|---:|---:|---:|---:|"]
     for name, r in results.items():
-        lines.append(f"| {name} | {r['p50']:.2f} | {r['p95']:.2f} | {r['p99']:.2f} | {r['max']:.2f} | "
-                     f"{r['events']:,.0f} |")
+        for part, q in (("first", first[name]), ("steady", r)):
+            lines.append(f"| {name} | {part} | {q['p50']:.2f} | {q['p95']:.2f} | {q['p99']:.2f} | {q['max']:.2f} | "
+                         f"{q['events']:,.0f} |")
+    both = len(results) == 2
+    slice_ratios = ([t["p99"] / s["p99"] for t, s in zip(slices["tidemark"], slices["structured-streaming"], strict=False)]
+                    if both else [])
+    if both:
+        lines += ["", (f"p99 Tidemark / Structured Streaming: first {first['tidemark']['p99'] / first['structured-streaming']['p99']:.2f}×, "
+                       f"steady {results['tidemark']['p99'] / results['structured-streaming']['p99']:.2f}× "
+                       f"(the window's quarters: {', '.join(f'{r:.2f}×' for r in slice_ratios)})")]
     emit(lines, args.output)
     emit_json({"benchmark": "freshness_bench", "rate": args.rate, "seconds": args.seconds, "warmup": args.warmup,
-               "contenders": results, "load_after": loadavg(),
+               "contenders": results, "first": first, "slices": slices, "load_after": loadavg(),
                "p99_ratio_tidemark_vs_structured_streaming":
-                   results["tidemark"]["p99"] / results["structured-streaming"]["p99"] if len(results) == 2 else None},
+                   results["tidemark"]["p99"] / results["structured-streaming"]["p99"] if both else None,
+               "first_p99_ratio_tidemark_vs_structured_streaming":
+                   first["tidemark"]["p99"] / first["structured-streaming"]["p99"] if both else None,
+               "slice_p99_ratios": slice_ratios},
               args.json, png=args.png)
     if args.svg:
         bars_svg(args.svg, f"Freshness p99 at {args.rate:,} events/s (commit to visible in Delta)",

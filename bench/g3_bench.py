@@ -232,9 +232,9 @@ def main(argv: list[str] | None = None) -> int:
             spark = build_session(load_settings(), "tidemark-g3-bench", warehouse=work / "warehouse")
             try:
                 # Every setting once before any is timed: each compiles its own generated code, and
-                # HotSpot takes two runs of a 200k batch to compile it (the first G3 run of a
-                # session took 2 s longer than the third, docs/benchmarks.md, session 25); warming
-                # plain alone charged that to the G3 settings' medians. Their times are reported
+                # HotSpot takes two runs of a 200k batch to compile it (a session's first G3 run
+                # took about 2 s longer than its third); warming plain alone charged that to the
+                # G3 settings' medians. Their times are reported
                 # apart (`first_run_s`): what a fresh process pays once.
                 for round_ in range(max(1, args.warmup_rounds)):
                     for name in settings if round_ % 2 == 0 else reversed(settings):

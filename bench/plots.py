@@ -71,9 +71,13 @@ def g3(data: dict[str, Any]) -> Figure:
 
 
 def freshness(data: dict[str, Any]) -> Figure:
-    contenders = data["contenders"]
+    contenders, first = data["contenders"], data.get("first", {})
     quantiles = ("p50", "p95", "p99", "max")
-    series = {name: [c[q] for q in quantiles] for name, c in contenders.items()}
+    series: dict[str, list[float]] = {}
+    for name, steady in contenders.items():
+        if name in first:
+            series[f"{name}, first {data['warmup']:.0f} s"] = [first[name][q] for q in quantiles]
+        series[f"{name}, steady" if name in first else name] = [steady[q] for q in quantiles]
     return _grouped(f"Freshness at {data['rate']:,} events/s: database commit to visible in Delta",
                     list(quantiles), series, "seconds")
 
@@ -97,9 +101,12 @@ def history(data: dict[str, Any]) -> Figure:
     names = list(seconds)
     versions = [f"{n}\n({data['shapes'][n]['target']['version'] + 1:,} versions, "
                 f"{data['shapes'][n]['target']['files']:,} files)" for n in names]
+    series = {"mean s per batch": [seconds[n] for n in names]}
+    if "restart_seconds" in data:
+        series = {"first batch after a restart": [data["restart_seconds"][n] for n in names], **series}
     return _grouped(f"One {data['records']:,}-record batch vs history (maintained: "
                     f"{data['ratio_maintained']:.2f}×, unmaintained: {data['ratio_unmaintained']:.2f}×)",
-                    versions, {"mean s per batch": [seconds[n] for n in names]}, "seconds")
+                    versions, series, "seconds")
 
 
 def history_day(data: dict[str, Any]) -> Figure:

@@ -1,6 +1,6 @@
 """Scheduled runs under ``tidemark serve``: seconds from a run's start to its first fetch, warm driver vs a JVM per run.
 
-Issue 19's target: a served run (second and later) spends < 1 s before its first Kafka
+The target: a served run (second and later) spends < 1 s before its first Kafka
 fetch. Both modes serve the same pipeline on the same broker in one benchmark run, one
 after the other, while a producer writes a 200-record transaction every 0.5 s so every
 run has work: ``tidemark serve`` (the warm driver) and ``tidemark serve

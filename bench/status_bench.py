@@ -6,7 +6,7 @@ whole new process (what an operator pays):
 
 * ``status``: ``tidemark status --no-relay`` (the ledger read by delta-rs, no JVM);
 * ``offsets-show``: ``tidemark offsets show <pipeline>``;
-* ``spark-status``: what ``tidemark status`` did before issue 18 — a Spark session, the
+* ``spark-status``: what ``tidemark status`` would cost through Spark — a Spark session, the
   newest intent through ``offsets.ledger.Ledger``, the same Kafka lag read.
 
 ``--json FILE`` writes each contender's median seconds and ``ratio_spark_vs_status``.

@@ -15,7 +15,7 @@ read through ``pipelines.transform.read_ranges`` and counted, the heap after a f
 collection again (within a second of the read, long before its consumers are evicted).
 Reported: MiB left reachable (medians), and the read's seconds on the 1 KB records.
 
-    .venv/bin/python -m bench.read_heap_bench --json docs/bench/read_heap.json --png docs/bench/read_heap.png
+    .venv/bin/python -m bench.diagnostics.read_heap_bench --json read_heap.json --png read_heap.png
 """
 
 from __future__ import annotations

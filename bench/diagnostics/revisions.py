@@ -8,7 +8,7 @@ sides are measured by the same benchmark and only the product's code differs; ea
 and here (the current directory comes first on ``sys.path``, so each run imports its own
 tree's code, subprocesses included), in alternating order.
 
-    .venv/bin/python -m bench.revisions HEAD~1 --rounds 2 --json docs/bench/warm_snapshot.json -- \\
+    .venv/bin/python -m bench.diagnostics.revisions HEAD~1 --rounds 2 --json warm_snapshot.json -- \\
         freshness_bench --only tidemark --rate 2000 --seconds 60 --warmup 20
 
 The JSON holds every run's own JSON under ``base`` and ``head``; the printed table shows
@@ -29,7 +29,7 @@ from typing import Any
 
 from bench.common import emit_json
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _pick(figures: dict[str, Any], path: str) -> dict[str, float]:

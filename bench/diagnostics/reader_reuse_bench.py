@@ -1,8 +1,8 @@
 """Small batches with Spark's default of a fresh Kafka group id per read vs Tidemark's stable one.
 
 Spark pools its executors' Kafka consumers by group id and partition, and a read that
-names no ``kafka.group.id`` gets a fresh one: every batch then opens new consumers. Since
-session 18 every read of one process with the same options uses one group id
+names no ``kafka.group.id`` gets a fresh one: every batch then opens new consumers. In
+Tidemark every read of one process with the same options uses one group id
 (``pipelines.transform.reader_group``), so a batch reuses the consumers the last one left.
 
 One process, one broker, one topic of 9 partitions; each contender ingests it in batches
@@ -10,7 +10,7 @@ of ``--batch`` records (``transactions.atomic: false``: only the read and write)
 fresh target with ``IngestJob.run_bounded``. Contenders alternate over ``--reps`` rounds
 (the first round warms the JVM and is left out); reported: seconds per batch, medians.
 
-    .venv/bin/python -m bench.reader_reuse_bench --json docs/bench/reader_reuse.json
+    .venv/bin/python -m bench.diagnostics.reader_reuse_bench --json reader_reuse.json
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ one run, alternating the order over ``--reps`` repetitions, reads the exact rang
   as Tidemark's sessions read it: through the source's DataSource V2 scan
   (``infra.spark.V1_SOURCES``);
 * ``spark-v1``: the same call with ``kafka`` back in ``spark.sql.sources.useV1SourceList``
-  (Spark's default for batch reads, and Tidemark's read before session 45): the source's V1
+  (Spark's default for batch reads, and Tidemark's read before the V2 scan): the source's V1
   relation, whose records Spark converts to external ``Row`` objects and back;
-* ``pyds``:  ``bench.pyds_kafka`` (PySpark Python Data Source on confluent-kafka);
+* ``pyds``:  ``bench.diagnostics.pyds_kafka`` (PySpark Python Data Source on confluent-kafka);
 
 each followed by ``count(*), sum(length(value))`` so every byte is read. Before timing, an
 untimed pass checks every reader returns exactly the committed records (topic, partition,
@@ -21,9 +21,9 @@ the same content as the first reader's. Prints a markdown table (median seconds,
 CPU seconds, records/s, time ratio vs ``spark``); ``--json FILE`` writes the figures
 (``ratio_v1_vs_v2_time``: the median of the paired time ratios spark-v1 / spark).
 
-    .venv/bin/python -m bench.reader_bench                 # N=200,000, 3 reps
-    .venv/bin/python -m bench.reader_bench --records 20000 --reps 2
-    .venv/bin/python -m bench.reader_bench --records 1000000 --only spark,spark-v1 --reps 8 --json read.json
+    .venv/bin/python -m bench.diagnostics.reader_bench                 # N=200,000, 3 reps
+    .venv/bin/python -m bench.diagnostics.reader_bench --records 20000 --reps 2
+    .venv/bin/python -m bench.diagnostics.reader_bench --records 1000000 --only spark,spark-v1 --reps 8 --json read.json
 
 pyarrow is needed by any Python Data Source; the ``dev`` extra (``make bootstrap``)
 installs it. ``--pydeps DIR`` adds another directory to the workers' path.
@@ -55,7 +55,7 @@ READERS = ("spark", "spark-v1", "pyds")
 
 
 def _prepare_python_path(pydeps: str | None) -> None:
-    """Make the repo (for ``bench.pyds_kafka``) and pyarrow importable here and in Spark's workers."""
+    """Make the repo (for ``bench.diagnostics.pyds_kafka``) and pyarrow importable here and in Spark's workers."""
     extra = [str(REPO)] + ([str(Path(pydeps).resolve())] if pydeps else [])
     for p in reversed(extra):
         if p not in sys.path:
@@ -188,7 +188,7 @@ def write_marker_topic(bootstrap: str, topic: str, admin: Any) -> tuple[Any, Any
 
 
 def make_readers(spark: Any, bootstrap: str, only: tuple[str, ...] = READERS) -> dict[str, Callable[[list[Any]], Any]]:
-    from bench.pyds_kafka import TidemarkKafkaDataSource
+    from bench.diagnostics.pyds_kafka import TidemarkKafkaDataSource
     from connectors.kafka_config import spark_options
     from infra.spark import V1_SOURCES
     from offsets.ledger import Intent
@@ -310,7 +310,9 @@ def run(args: argparse.Namespace) -> int:
         readers = make_readers(spark, bootstrap, args.only)
         import psutil
 
-        jvm = psutil.Process(int(spark._jvm.java.lang.ProcessHandle.current().pid()))
+        gateway = spark._jvm
+        assert gateway is not None, "a classic (py4j) session, not Spark Connect"
+        jvm = psutil.Process(int(gateway.java.lang.ProcessHandle.current().pid()))
 
         # 1. Correctness (untimed; also warms up the JVM, the Python workers and the broker's page cache).
         expected_keys = produced.committed

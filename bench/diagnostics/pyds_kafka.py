@@ -1,6 +1,6 @@
 """A PySpark Python Data Source that reads exact Kafka offset ranges with confluent-kafka.
 
-Benchmark candidate, not (yet) used by the pipelines: ``bench/reader_bench.py`` compares it
+Benchmark candidate, not (yet) used by the pipelines: ``bench/diagnostics/reader_bench.py`` compares it
 with Spark's built-in ``kafka`` source as ``pipelines.transform.read_ranges`` uses it.
 
 Usage::

@@ -1,6 +1,6 @@
 """The relay's start-up read of its position: 10 vs 1,000,000 positions in the offsets topic.
 
-A relay reads its position at every start and after every re-fence. Before issue 21 it
+A relay reads its position at every start and after every re-fence. Its first reader
 read the whole offsets topic to its LSO (``old``: one record and one commit marker per
 Kafka transaction, ever); now it reads the partition's tail first, stepping back only
 while its key is missing (``tail``, :func:`outbox.position.read_position`). Both read the
@@ -10,8 +10,8 @@ to build the topic in seconds: the markers make no difference to either reader's
 per record). Compaction is left out on purpose: the cleaner runs when it likes, and a
 start-up must not depend on it.
 
-    .venv/bin/python -m bench.position_bench                 # 1,000,000 positions, 3 reps
-    .venv/bin/python -m bench.position_bench --positions 100000 --reps 1 --json out.json
+    .venv/bin/python -m bench.diagnostics.position_bench                 # 1,000,000 positions, 3 reps
+    .venv/bin/python -m bench.diagnostics.position_bench --positions 100000 --reps 1 --json out.json
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def fill(bootstrap: str, topic: str, positions: int) -> None:
 
 
 def read_old(bootstrap: str, topic: str) -> int:
-    """The reader before issue 21: every record of the topic, read_committed, to its end."""
+    """The first reader: every record of the topic, read_committed, to its end."""
     from connectors.topic_reader import read_to_end
     from outbox.position import Position
 

@@ -11,7 +11,7 @@ the medians over the runs from the fifth on (a driver that has run a few batches
 ``--follow``), pooled over the processes; ``--json FILE`` writes them with
 ``ratio_warm_seconds`` (Tidemark's / HotSpot defaults').
 
-    .venv/bin/python -m bench.jit_bench --records 200000 --runs 8 --processes 2 --json docs/bench/jit.json
+    .venv/bin/python -m bench.diagnostics.jit_bench --records 200000 --runs 8 --processes 2 --json jit.json
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                     place = work / f"{setting}-{process}"
                     place.mkdir()
                     out = subprocess.run(
-                        [sys.executable, "-m", "bench.jit_bench", "--bootstrap", bootstrap, "--runs", str(args.runs),
+                        [sys.executable, "-m", "bench.diagnostics.jit_bench", "--bootstrap", bootstrap, "--runs", str(args.runs),
                          "--child", topic, setting, str(place)],
                         capture_output=True, text=True, check=False)
                     if out.returncode != 0:

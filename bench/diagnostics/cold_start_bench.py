@@ -8,7 +8,7 @@ the moment's load; and so does a process that only starts and stops a session. E
 ingest's table is checked: exactly the topic's records. Reported: medians, per-pair ratios
 (seconds without / with), ``--json FILE``.
 
-    .venv/bin/python -m bench.cold_start_bench --reps 5 --json docs/bench/cold_start.json --png docs/bench/cold_start.png
+    .venv/bin/python -m bench.diagnostics.cold_start_bench --reps 5 --json cold_start.json --png cold_start.png
 """
 
 from __future__ import annotations

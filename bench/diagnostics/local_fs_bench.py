@@ -9,7 +9,7 @@ Tidemark's step 4 writes them (the snapshot state that check needs included, as 
 follower batch without the warm-up). Reported per contender: median wall seconds and
 median CPU seconds of the JVM and the processes it started, per append.
 
-    .venv/bin/python -m bench.local_fs_bench --json docs/bench/local_fs.json --png docs/bench/local_fs.png
+    .venv/bin/python -m bench.diagnostics.local_fs_bench --json local_fs.json --png local_fs.png
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict[str, object]]] = {c: [] for c in CONTENDERS}
     for r in range(args.rounds):
         for contender in CONTENDERS if r % 2 == 0 else tuple(reversed(CONTENDERS)):
-            out = subprocess.run([sys.executable, "-m", "bench.local_fs_bench", "--child", contender, "--rows",
+            out = subprocess.run([sys.executable, "-m", "bench.diagnostics.local_fs_bench", "--child", contender, "--rows",
                                   str(args.rows), "--appends", str(args.appends)],
                                  capture_output=True, text=True, check=True, env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"})
             runs[contender].append(json.loads(out.stdout.strip().splitlines()[-1]))
