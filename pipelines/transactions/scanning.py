@@ -70,7 +70,8 @@ def _multi_event(client_config: Mapping[str, str], pipeline: PipelineConfig, ran
 
 
 def spans(events: pa.Table, declared: Mapping[str, Mapping[str, int] | None] | None = None) -> list[TxnSpan]:
-    """One :class:`TxnSpan` per ``id`` of ``events`` (id, topic, partition, offset, position, expected).
+    """One :class:`~offsets.cut.TxnSpan` per ``id`` of ``events``
+    (id, topic, partition, offset, position, expected).
 
     ``declared``: per id, the events it declares per topic of the pipeline (None: unknown).
     """
