@@ -37,6 +37,10 @@ def cmd_check(args: argparse.Namespace) -> int:
         spark.stop()
     rows = [(v.suite, v.check, "PASS" if v.passed else "FAIL", v.observed) for v in report.verdicts]
     print(table(rows, ("suite", "check", "verdict", "observed")))
+    if report.skipped:
+        print("\nskipped by an operator's seek (not read, not missing):")
+        for line in report.skipped:
+            print(f"  {line}")
     print(f"\nData Docs: file://{report.docs}")
     if report.passed:
         print(f"{pipeline.name}: all {len(rows)} checks passed")

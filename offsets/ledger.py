@@ -9,6 +9,11 @@ events missing at the readable frontier has been waiting. Rows are append-only, 
 past batch can be re-read bit for bit (backfill, G6), and each append carries
 ``txnAppId=<pipeline>``/``txnVersion=N``, so two writers cannot both claim ``N``.
 
+A *seek* is a batch like any other, claimed under the same fence, whose ranges are empty
+and whose ends are where an operator moved the pipeline (``tidemark offsets seek``): the
+next batch starts there. It records every partition it moved, from where to where, so the
+records it skipped or gives to be read again stay on the record (:class:`Seek`).
+
 A *guarded* intent (G3 checked by its write instead of a planning scan) whose check
 failed gets one *revision*: the same batch re-planned with the scan, appended with
 ``txnAppId=<pipeline>#revision``. The revision replaces the guarded row wherever the
@@ -87,6 +92,47 @@ class Wait:
                    found=frozenset(int(p) for p in data.get("found") or ()))  # type: ignore[attr-defined]
 
 
+@dataclass(frozen=True, order=True)
+class Move:
+    """One partition an operator's seek moved: from the offset the pipeline had reached
+    (None: it had read nothing there yet) to the offset its next batch starts at."""
+
+    topic: str
+    partition: int
+    old: int | None
+    new: int
+
+    @property
+    def tp(self) -> TP:
+        return (self.topic, self.partition)
+
+
+@dataclass(frozen=True)
+class Seek:
+    """What an operator's seek did (``tidemark offsets seek``), as the ledger keeps it."""
+
+    moves: tuple[Move, ...]
+    reason: str
+    """How the new offsets were chosen, as the operator asked: ``--to earliest``, ``--to-timestamp ...``."""
+
+    def skipped(self) -> list[Range]:
+        """Ranges passed over forwards: records the table will not hold, by the operator's choice."""
+        return [Range(m.topic, m.partition, m.old, m.new) for m in self.moves if m.old is not None and m.new > m.old]
+
+    def reread(self) -> list[Range]:
+        """Ranges moved back over: records read again (duplicates, with dedup)."""
+        return [Range(m.topic, m.partition, m.new, m.old) for m in self.moves if m.old is not None and m.new < m.old]
+
+    def to_dict(self) -> dict[str, object]:
+        return {"reason": self.reason, "moves": [[m.topic, m.partition, m.old, m.new] for m in sorted(self.moves)]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Seek:
+        return cls(moves=tuple(Move(str(t), int(p), None if o is None else int(o), int(n))
+                               for t, p, o, n in data.get("moves") or ()),
+                   reason=str(data.get("reason", "")))
+
+
 @dataclass(frozen=True)
 class Intent:
     pipeline: str
@@ -110,6 +156,8 @@ class Intent:
     manifest: tuple[int, int, int] | None = None
     """G3 from the relay's manifest: the manifest offsets ``[from, to)`` read for this batch (its
     write is guarded against any transaction they do not list), and where the next batch reads from."""
+    seek: Seek | None = None
+    """An operator's seek: this batch reads nothing, and its ends are where the next batch starts."""
 
     def ends(self) -> dict[TP, int]:
         return {r.tp: r.end for r in self.ranges}
@@ -141,6 +189,8 @@ class Intent:
             decisions["waiting"] = {txn: w.to_dict() for txn, w in sorted(self.waiting.items())}
         if self.manifest is not None:
             decisions["manifest"] = list(self.manifest)
+        if self.seek is not None:
+            decisions["seek"] = self.seek.to_dict()
         return json.dumps(decisions, separators=(",", ":"), sort_keys=True)
 
     def starts_waiting(self, last: Intent | None) -> bool:
@@ -349,6 +399,7 @@ def _intent(row: Mapping[str, Any]) -> Intent:
         txns=decisions.get("txns"),
         waiting={txn: Wait.from_dict(w) for txn, w in (decisions.get("waiting") or {}).items()},
         manifest=tuple(decisions["manifest"]) if decisions.get("manifest") else None,  # type: ignore[arg-type]
+        seek=Seek.from_dict(decisions["seek"]) if decisions.get("seek") else None,
     )
 
 

@@ -50,7 +50,8 @@ def plan_ranges(
         if start > bounds[tp].stable_end:
             raise OffsetRegressionError(
                 f"{tp[0]}[{tp[1]}]: stored offset {start} is past the partition's end {bounds[tp].stable_end}; "
-                "was the topic deleted and recreated? Start a new pipeline (or reset this one) to re-read it")
+                "was the topic deleted and recreated? To read it from its start under this pipeline: "
+                "`tidemark offsets seek PIPELINE --to earliest` (docs/operations.md, 'Recovery')")
     check_retention({tp: s for tp, s in starts.items() if s < bounds[tp].stable_end}, bounds)
 
     lag = {tp: bounds[tp].stable_end - s for tp, s in starts.items()}

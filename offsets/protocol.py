@@ -28,7 +28,9 @@ ledger; docs/design.md has the table of every crash point between them):
    says whether it committed). Spark's append that ran its job (its ``Observation``
    completed) and returned has committed; otherwise history tells whether our append or a rival's holds
    ``N+1``: a rival's means another run owns the pipeline (:class:`ConcurrentWriterError`);
-   its batch is never written by us. Meanwhile step 4's pass is built (analysed, not
+   its batch is never written by us. A rival that is an operator's seek (``tidemark offsets
+   seek``: a batch with empty ranges at the new offsets) is not a rival run: the batch is
+   dropped and the next one starts from the seek's ends. Meanwhile step 4's pass is built (analysed, not
    run) on a second thread: it has no side effect, and runs only if the claim is ours.
 4. **Commit.** Append the good rows to the target with ``txnAppId=<pipeline>``,
    ``txnVersion=N+1`` and the offsets as ``userMetadata``, in one pass over Kafka that
@@ -387,10 +389,14 @@ class CommitProtocol:
                 raise
             return self._write(self._revision(intent, error), replayed=replayed)
         self._reached("committed")
-        # A skipped append runs no job, so its observations would never complete.
-        if landed:
+        # A skipped append runs no job, so its observations would never complete; an empty
+        # batch's (a seek, a wait's start) reads nothing, and Spark's observed row of it is empty.
+        bad: int | None
+        if landed and intent.is_empty:
+            rows, bad = 0, 0
+        elif landed:
             rows = int(step.kept.get["rows"])
-            bad: int | None = int(step.read.get["records"]) - rows
+            bad = int(step.read.get["records"]) - rows
         else:
             rows, bad = 0, None
         quarantined = self._quarantine(intent, step.frames, bad_count=bad)
@@ -516,7 +522,18 @@ class CommitProtocol:
             return replay, None
         self._reached("planned")
 
-        return replay, self._claim_and_write(intent)
+        try:
+            return replay, self._claim_and_write(intent)
+        except ConcurrentWriterError:
+            winner = self.ledger.get(intent.batch_id)
+            if winner is None or winner.seek is None:
+                raise
+            # An operator's seek holds the batch: nothing of ours was written. The next
+            # call recovers from the seek (its empty batch) and goes on from its offsets.
+            self._settled = None
+            log.warning("batch %d is an operator's seek (%s): going on from its offsets", intent.batch_id,
+                        winner.seek.reason)
+            return replay, None
 
     def _plan(self, batch_id: int, last: Intent | None, bounds: Mapping[TP, PartitionBounds],
               starts: Mapping[TP, int], max_offsets: int, max_bytes: int | None = None,

@@ -50,6 +50,8 @@ class AuditReport:
     verdicts: tuple[Verdict, ...]
     docs: Path
     """The Data Docs site's index.html."""
+    skipped: tuple[str, ...] = ()
+    """Ranges operators' seeks passed over (``tidemark offsets seek --skip``): reconciled as skipped, not missing."""
 
     @property
     def passed(self) -> bool:
@@ -149,7 +151,12 @@ def audit(spark: SparkSession, pipeline: PipelineConfig, *, kafka_options: dict[
                                          .alias(RECORD_COLUMN))
     if pipeline.transactions.atomic:
         frames["transactions"] = facts.transactions(table)
-    frames["reconciliation"] = facts.reconciliation(spark, kafka_options, client_config, pipeline)
+    from offsets.ledger import Ledger
+
+    intents = Ledger(spark, pipeline.ledger_path, pipeline.name).history()
+    frames["reconciliation"] = facts.reconciliation(spark, kafka_options, client_config, pipeline, intents)
+    skipped = tuple(f"{r.topic}[{r.partition}] {r.start}-{r.end} (batch {batch}, {reason})"
+                    for batch, r, reason in facts.skipped(intents))
 
     docs_dir.mkdir(parents=True, exist_ok=True)
     context = gx.get_context(mode="file", project_root_dir=str(docs_dir))
@@ -180,7 +187,7 @@ def audit(spark: SparkSession, pipeline: PipelineConfig, *, kafka_options: dict[
         frames[suite_name].unpersist()
     context.build_data_docs()
     index = docs_dir / "gx" / "uncommitted" / "data_docs" / "local_site" / "index.html"
-    report = AuditReport(pipeline.name, tuple(verdicts), index)
+    report = AuditReport(pipeline.name, tuple(verdicts), index, skipped)
     _record_last(report, docs_dir)
     return report
 

@@ -4,16 +4,22 @@
   is null only when the table holds every event it declares for this pipeline's topics
   (positions distinct, within ``0..size-1``; all of ``0..size-1`` when the pipeline reads
   every topic it wrote to) and it was not released incomplete.
-* ``reconciliation``: one row per partition the ledger covers: read_committed records in
-  ``[first offset, stored offset)`` counted in Kafka, against table rows plus quarantine
-  rows from that range. Their ``difference`` must be 0: nothing lost, nothing extra.
+* ``reconciliation``: one row per stretch of a partition the ledger's batches read, with
+  how many times they read it (:func:`coverage`): read_committed records counted in Kafka,
+  times that, against table rows plus quarantine rows from that stretch. Their
+  ``difference`` must be 0: nothing lost, nothing extra. Once, unless an operator's seek
+  moved the pipeline back (``--reprocess``: each record read again is in the table or, with
+  dedup, quarantined as a duplicate) or forward over a stretch (``--skip``: read zero times,
+  and the table must hold nothing from it).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from itertools import pairwise
 from typing import TYPE_CHECKING
 
-from connectors.admin import KafkaAdmin
+from connectors.admin import TP, KafkaAdmin
 from offsets.ledger import Intent, Ledger, Range, now_utc
 from offsets.tables import delta_table_exists
 from pipelines.transactions.headers import TXN_COLUMN
@@ -44,43 +50,91 @@ def transactions(table: DataFrame) -> DataFrame:
     return per_txn.withColumn("problem", F.when(problem.isNotNull(), F.concat(F.col("txn"), F.lit(": "), problem)))
 
 
-def reconciliation(spark: SparkSession, kafka_options: dict[str, str], client_config: dict[str, str],
-                   pipeline: PipelineConfig) -> DataFrame:
-    from pyspark.sql import functions as F
+def coverage(intents: Iterable[Intent]) -> dict[TP, list[tuple[int, int, int]]]:
+    """Per partition, ``(start, end, reads)`` stretches from its first read offset to its last:
+    how many times the batches read each offset (0 where a seek skipped, 2 where one
+    moved back over it once). Pure.
 
-    intents = Ledger(spark, pipeline.ledger_path, pipeline.name).history()
-    first: dict[tuple[str, int], int] = {}
-    end: dict[tuple[str, int], int] = {}
+    Batches read each partition in contiguous ranges; a range that does not start where the
+    last one ended begins a new run of reading (a seek's empty range is where it moved to).
+    """
+    runs: dict[TP, list[list[int]]] = {}
     for intent in intents:
         for r in intent.ranges:
-            first.setdefault(r.tp, r.start)
-            end[r.tp] = r.end
+            mine = runs.setdefault(r.tp, [])
+            if mine and mine[-1][1] == r.start:
+                mine[-1][1] = r.end
+            else:
+                mine.append([r.start, r.end])
+    found: dict[TP, list[tuple[int, int, int]]] = {}
+    for tp, spans in runs.items():
+        spans = [s for s in spans if s[1] > s[0]]
+        if not spans:
+            continue
+        edges = sorted({e for s in spans for e in s})
+        stretches: list[tuple[int, int, int]] = []
+        for a, b in pairwise(edges):
+            reads = sum(1 for s, e in spans if s <= a and b <= e)
+            if stretches and stretches[-1][2] == reads and stretches[-1][1] == a:
+                stretches[-1] = (stretches[-1][0], b, reads)
+            else:
+                stretches.append((a, b, reads))
+        found[tp] = stretches
+    return found
+
+
+def skipped(intents: Iterable[Intent]) -> list[tuple[int, Range, str]]:
+    """Ranges operators' seeks passed over: (the seek's batch, the range, how it was asked)."""
+    return [(i.batch_id, r, i.seek.reason) for i in intents if i.seek is not None for r in i.seek.skipped()]
+
+
+def reconciliation(spark: SparkSession, kafka_options: dict[str, str], client_config: dict[str, str],
+                   pipeline: PipelineConfig, intents: list[Intent] | None = None) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    if intents is None:
+        intents = Ledger(spark, pipeline.ledger_path, pipeline.name).history()
+    stretches = coverage(intents)
     with KafkaAdmin(client_config) as admin:
-        bounds = admin.bounds(list(end)) if end else {}
+        bounds = admin.bounds(list(stretches)) if stretches else {}
     # Records retention already deleted cannot be counted; reconcile what Kafka still has.
-    ranges = tuple(sorted(Range(t, p, max(first[(t, p)], bounds[(t, p)].log_start), end[(t, p)])
-                          for t, p in end))
-    schema = ("topic STRING, partition INT, from_offset BIGINT, to_offset BIGINT, kafka_records BIGINT, "
+    kept: list[tuple[str, int, int, int, int]] = []
+    for (t, p), parts in sorted(stretches.items()):
+        floor = bounds[(t, p)].log_start
+        kept += [(t, p, max(a, floor), b, reads) for a, b, reads in parts if b > floor]
+    schema = ("topic STRING, partition INT, from_offset BIGINT, to_offset BIGINT, reads INT, kafka_records BIGINT, "
               "table_rows BIGINT, quarantine_rows BIGINT")
-    if not ranges:
+    if not kept:
         return spark.createDataFrame([], schema).withColumn("difference", F.lit(0).cast("bigint"))
 
-    kafka = read_ranges(spark, kafka_options, Intent(pipeline.name, 0, "audit", now_utc(), ranges))
-    kafka_counts = {(r.topic, r.partition): r["count"] for r in kafka.groupBy("topic", "partition").count().collect()}
+    hull: dict[TP, list[int]] = {}
+    for t, p, a, b, _ in kept:
+        span = hull.setdefault((t, p), [a, b])
+        span[0], span[1] = min(span[0], a), max(span[1], b)
+    ranges = tuple(sorted(Range(t, p, a, b) for (t, p), (a, b) in hull.items()))
 
-    def counts(path: str, topic: str, partition: str, offset: str, where: str = "true") -> dict:  # type: ignore[type-arg]
+    def stretch_of(topic: str, partition: str, offset: str):  # type: ignore[no-untyped-def]
+        which = F.lit(None).cast("int")
+        for index, (t, p, a, b, _) in enumerate(kept):
+            which = F.when((F.col(topic) == t) & (F.col(partition) == p) & (F.col(offset) >= a)
+                           & (F.col(offset) < b), F.lit(index)).otherwise(which)
+        return which
+
+    def counted(df: DataFrame, topic: str, partition: str, offset: str) -> dict[int, int]:
+        grouped = df.select(stretch_of(topic, partition, offset).alias("stretch")).where("stretch IS NOT NULL")
+        return {row[0]: row[1] for row in grouped.groupBy("stretch").count().collect()}
+
+    kafka = counted(read_ranges(spark, kafka_options, Intent(pipeline.name, 0, "audit", now_utc(), ranges)),
+                    "topic", "partition", "offset")
+
+    def counts(path: str, topic: str, partition: str, offset: str, where: str = "true") -> dict[int, int]:
         if not delta_table_exists(spark, path):
             return {}
-        df = spark.read.format("delta").load(path).where(where)
-        bounded = F.lit(False)
-        for r in ranges:
-            bounded = bounded | ((F.col(topic) == r.topic) & (F.col(partition) == r.partition)
-                                 & (F.col(offset) >= r.start) & (F.col(offset) < r.end))
-        return {(row[0], row[1]): row[2] for row in df.where(bounded).groupBy(topic, partition).count().collect()}
+        return counted(spark.read.format("delta").load(path).where(where), topic, partition, offset)
 
     table = counts(pipeline.target, "_kafka_topic", "_kafka_partition", "_kafka_offset")
     quarantine = counts(pipeline.quarantine_path, "topic", "partition", "offset", f"pipeline = '{pipeline.name}'")
-    rows = [(r.topic, r.partition, r.start, r.end, kafka_counts.get(r.tp, 0), table.get(r.tp, 0),
-             quarantine.get(r.tp, 0)) for r in ranges]
+    rows = [(t, p, a, b, reads, kafka.get(i, 0), table.get(i, 0), quarantine.get(i, 0))
+            for i, (t, p, a, b, reads) in enumerate(kept)]
     return spark.createDataFrame(rows, schema).withColumn(
-        "difference", F.col("kafka_records") - F.col("table_rows") - F.col("quarantine_rows"))
+        "difference", F.col("reads") * F.col("kafka_records") - F.col("table_rows") - F.col("quarantine_rows"))
