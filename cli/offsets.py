@@ -151,7 +151,8 @@ def cmd_offsets_seek(args: argparse.Namespace) -> int:
     for line in plan.lines():
         print(f"  {line}")
     if args.dry_run:
-        print("dry run: nothing written")
+        needs = " and ".join(plan.needs())
+        print("dry run: nothing written" + (f"; carrying it out needs {needs}" if needs else ""))
     else:
         print(f"the next batch starts there; `tidemark offsets show {pipeline.name}` lists the seek")
     return 0

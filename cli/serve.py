@@ -85,7 +85,6 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     from orchestration.context import PipelineContext, load, preflight, resolve_bootstrap
     from orchestration.status import pipeline_status, relay_summary
-
     from tidemark.storage import check_reachable
 
     config = load(args.config)

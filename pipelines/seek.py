@@ -123,6 +123,10 @@ class SeekPlan:
     def skipped(self) -> int:
         return sum(p.skipped for p in self.planned)
 
+    def needs(self) -> list[str]:
+        """The flags this plan needs to be carried out."""
+        return [flag for flag, needed in (("--reprocess", self.reread), ("--skip", self.skipped)) if needed]
+
     def lines(self) -> list[str]:
         """The plan for people: one line per partition that moves."""
         out = []
@@ -222,7 +226,8 @@ class SeekError(TransientError):
 def seek(spark: SparkSession, config: TidemarkConfig, pipeline: PipelineConfig, bootstrap: str, target: Target,
          *, topics: Iterable[str] = (), partitions: Iterable[TP] = (), reprocess: bool = False, skip: bool = False,
          dry_run: bool = False) -> SeekPlan:
-    """Steps 1-4 of the module's docstring; with ``dry_run`` only 1-2 (nothing written but a recovery)."""
+    """Steps 1-4 of the module's docstring; with ``dry_run`` only 1-2 (nothing written but a recovery),
+    whatever flags the plan would need (:meth:`SeekPlan.needs` says which)."""
     from pipelines import transactions
     from pipelines.ingest import IngestJob
 
@@ -256,11 +261,9 @@ def seek(spark: SparkSession, config: TidemarkConfig, pipeline: PipelineConfig, 
         batch_id = (last.batch_id if last else 0) + 1
         plan = SeekPlan(pipeline.name, batch_id, target,
                         tuple(Planned(m, bounds[tp], edges.get(tp)) for tp, m in sorted(moves.items())))
-        if not plan.moves:
+        if not plan.moves or dry_run:
             return plan
         check_allowed(plan, reprocess=reprocess, skip=skip)
-        if dry_run:
-            return plan
         landing = {**ends, **{tp: m.new for tp, m in moves.items()}}
         intent = Intent(pipeline.name, batch_id, job.protocol.writer_id, now_utc(),
                         tuple(sorted(Range(t, p, o, o) for (t, p), o in landing.items())),

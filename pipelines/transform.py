@@ -69,7 +69,7 @@ QUARANTINE_COLUMNS = (
 #: out of heap; a served driver reading a few dozen partitions would have too. At 4 MiB the
 #: same read left 10 MiB (3 MiB with 10 KB records, 17 MiB with 200 B ones) and took as
 #: long (0.53 s against 0.58 s), and 1M records ingested as fast: medians of 6, 7.5 s
-#: against 7.7 s (docs/benchmarks.md, session 37). Spark aims to keep no more than
+#: against 7.7 s (measured on 2 cores). Spark aims to keep no more than
 #: ``spark.kafka.consumer.cache.capacity`` (64, a soft limit) consumers.
 #:
 #: ``fetch.max.wait.ms``: every range ends at or below the LSO, so the broker never needs to
@@ -146,7 +146,7 @@ class FrameColumns:
 
     Why: each ``F.*`` call and each catalog lookup is a py4j round trip, and a follower
     batch's step 4 was built from about a hundred of them on the claim's thread (0.1 s of
-    a batch on a busy machine, while step 3 waited for it; docs/benchmarks.md, session 28).
+    a batch on a busy machine, while step 3 waited for it; measured on 2 cores).
     Spark's columns are immutable descriptions, safe to put in any number of frames.
     """
 
@@ -193,8 +193,7 @@ def columns_ahead(spark: SparkSession, pipeline: PipelineConfig) -> None:
 
     Why: a process's first batch of a pipeline otherwise builds them in step 3, where step
     4's pass is prepared while the claim commits, and a G3 pipeline's took longer than the
-    claim (0.06 s of its 0.14 s prepare against plain's 0.03 s of 0.08 s; docs/benchmarks.md,
-    session 41). Started before the job's LSO snapshot, the build overlaps that, step 1 and
+    claim (0.06 s of its 0.14 s prepare against plain's 0.03 s of 0.08 s; measured on 2 cores). Started before the job's LSO snapshot, the build overlaps that, step 1 and
     step 2 (the manifest read), which wait on Kafka and Delta. A failure is left for the
     batch's own call, which raises it.
     """
@@ -264,7 +263,7 @@ def _frame_columns(spark: SparkSession, pipeline: PipelineConfig) -> FrameColumn
             # `_UTF8` is true where the parse read the value in its own pass, which takes strict
             # UTF-8 only: most records then skip the separate check, and a copy of their value.
             flagged = StructType([*parse_schema.fields, StructField(_UTF8, BooleanType())])
-            # The bytes, not `cast(value as string)`, which copies each value once more (session 43).
+            # The bytes, not `cast(value as string)`, which copies each value once more.
             first["_parsed"] = F.call_function("tidemark_from_json", F.col("value"),
                                                F.lit(flagged.json()), F.lit(_CORRUPT), F.lit(_UTF8))
             valid_utf8 = F.coalesce(F.col(f"_parsed.{_UTF8}"), valid_utf8)

@@ -85,8 +85,8 @@ def test_back_with_reprocess_reads_again_and_dedup_quarantines_every_second_copy
     with pytest.raises(ConfigError, match=r"100 offsets would be read again.*--reprocess"):
         seek(spark, config, pipeline, kafka_bootstrap, Target("earliest"))
     assert read_last(pipeline.ledger_path, pipeline.name) == before  # refused: nothing written
-    dry = seek(spark, config, pipeline, kafka_bootstrap, Target("earliest"), reprocess=True, dry_run=True)
-    assert dry.reread == 100 and not dry.committed
+    dry = seek(spark, config, pipeline, kafka_bootstrap, Target("earliest"), dry_run=True)
+    assert dry.reread == 100 and dry.needs() == ["--reprocess"] and not dry.committed
     assert read_last(pipeline.ledger_path, pipeline.name) == before
 
     done = seek(spark, config, pipeline, kafka_bootstrap, Target("earliest"), reprocess=True)
@@ -235,6 +235,7 @@ def test_a_follower_under_a_seek_loses_no_batch_and_goes_on_from_the_new_offsets
         plan = _cli("offsets", "seek", "orders", "--to", "earliest", "--dry-run", "--config", str(path))
         assert plan.returncode == 0, plan.stderr
         assert "would move" in plan.stdout and "(100 offsets read again)" in plan.stdout, plan.stdout
+        assert "carrying it out needs --reprocess" in plan.stdout, plan.stdout
         done = _cli("offsets", "seek", "orders", "--to", "earliest", "--reprocess", "--config", str(path))
         assert done.returncode == 0, done.stdout + done.stderr
         _produce(kafka_bootstrap, topic, range(200, 230))
