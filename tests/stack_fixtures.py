@@ -18,7 +18,16 @@ from pathlib import Path
 from infra import jars as jar_cache
 from infra.kafka import EmbeddedKafka
 from infra.postgres import EmbeddedPostgres
-from infra.process import free_port_block
+from infra.process import free_port_block as _free_port_block
+
+#: Moves where the test servers look for free ports: CI runs its slow and S3 stages at the
+#: same time, and two sessions probing the same block before either binds would collide.
+PORT_OFFSET = int(os.environ.get("TIDEMARK_TEST_PORT_OFFSET", "0"))
+
+
+def free_port_block(size: int, start: int = 29092) -> int:
+    """:func:`infra.process.free_port_block`, from ``start`` moved by :data:`PORT_OFFSET`."""
+    return _free_port_block(size, start=start + PORT_OFFSET)
 from infra.tls import write_private
 from tidemark.settings import Settings
 

@@ -31,11 +31,10 @@ from connectors.preflight import check_access, check_postgres
 from connectors.topic_reader import read_to_end
 from infra.kafka import EmbeddedKafka
 from infra.postgres import EmbeddedPostgres
-from infra.process import free_port_block
 from pipelines.ingest import IngestJob
 from tests.kafka_helpers import write_transaction
 from tests.relay_harness import AGGREGATES, RelaySetup, Writers, assert_relayed_exactly_once
-from tests.stack_fixtures import secured_kafka
+from tests.stack_fixtures import free_port_block, secured_kafka
 from tidemark.config import KafkaConnection, KafkaSecurity, TidemarkConfig, parse_config
 from tidemark.errors import KafkaAccessError, PostgresAccessError, ServiceUnavailableError
 from tidemark.settings import Settings

@@ -252,7 +252,7 @@ def test_a_follower_under_a_seek_loses_no_batch_and_goes_on_from_the_new_offsets
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("step", ["recovered", "claimed", "committed"])
+@pytest.mark.parametrize("step", ["recovered", "claimed"])
 def test_a_seek_killed_at_any_step_leaves_the_old_offsets_or_the_new_never_a_mix(
         spark: Any, kafka_bootstrap: str, topic_factory: Any, tmp_path: Path, step: str) -> None:
     topic = topic_factory("seek-kill", partitions=2)
