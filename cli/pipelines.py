@@ -51,8 +51,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from cli.progress import IngestProgress, on_terminal, planned_offsets
     from connectors.kafka_config import librdkafka_config
     from infra.spark import build_session
+    from offsets.frames import BatchResult
     from offsets.ledger import read_last
-    from offsets.protocol import BatchResult
     from orchestration.metrics import never_raising
     from pipelines.ingest import IngestJob
     from tidemark.signals import stop_on_signals

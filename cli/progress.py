@@ -21,7 +21,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 if TYPE_CHECKING:
     from connectors.admin import TP, PartitionBounds
-    from offsets.protocol import BatchResult
+    from offsets.frames import BatchResult
 
 
 def planned_offsets(bounds: Mapping[TP, PartitionBounds], committed: Mapping[TP, int]) -> int:

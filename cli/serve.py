@@ -71,7 +71,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if metrics is not None and args.warm_driver:  # the runs' batches are committed in this process
         from functools import partial
 
-        from offsets.protocol import BatchResult
+        from offsets.frames import BatchResult
         from orchestration.metrics import never_raising
 
         def on_batch(pipeline: str, result: BatchResult, seconds: float) -> None:

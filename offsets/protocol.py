@@ -84,6 +84,15 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from connectors.admin import PartitionBounds
+from offsets.frames import (
+    GUARD_TRIPPED,
+    BatchFrames,
+    BatchResult,
+    Decide,
+    FrameBuilder,
+    NewPartitionStarts,
+    Revise,
+)
 from offsets.ledger import TP, Intent, Ledger, LedgerMismatchError, now_utc, recent_commits
 from offsets.planner import plan_ranges
 from offsets.tables import checkpoint_if_due, read_small_file, txn_version, warm_snapshot, write_small_file
@@ -93,7 +102,7 @@ from tidemark.storage import require_exclusive_commits
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, Observation, SparkSession
+    from pyspark.sql import DataFrame, Observation, SparkSession
 
 #: How many of a table's newest commits are searched for an append's own write token: a
 #: few first (it is nearly always the newest), then more.
@@ -104,18 +113,11 @@ CRASH_POINTS = ("recovered", "planned", "claimed", "committed", "quarantined")
 #: Reached only when a guarded batch's check fails (its records hold a multi-event source transaction).
 GUARD_CRASH_POINTS = ("revised",)
 
-#: Starts the message a guarded write fails with when its check flags a record.
-GUARD_TRIPPED = "tidemark-guard-tripped: "
-
 #: How far step 2 may grow a batch's caps to take a source transaction whole (4x, 16x, then 64x).
 MAX_GROWTH = 64
 
 #: How long step 4 waits for its Observation before asking history instead.
 OBSERVATION_WAIT_SECONDS = 2.0
-
-#: Column of :attr:`BatchFrames.records` holding why a record is bad (null when it is good).
-ERROR_COLUMN = "_tidemark_error"
-
 
 def _delta_conflicts() -> tuple[type[BaseException], ...]:
     from delta import exceptions as dx
@@ -136,58 +138,6 @@ class ConcurrentWriterError(TransientError):
 
 
 @dataclass(frozen=True)
-class Guard:
-    """A guarded write's check, over ``records``: ``tripped`` is true for a record the intent
-    may not hold uncut (never null); ``why`` says why, read only where ``tripped``.
-
-    Two columns, not one message that is null where all is well: Spark copied a nullable
-    message's test (and the expressions inside it) into each place the write's filter used
-    it, which tripled the generated code of the write's stage (1.6 → 4.9 KB of bytecode
-    in its main loop) and cost G3 more than the check itself (measured on 2 cores).
-    """
-
-    tripped: Column
-    why: Column
-
-
-@dataclass(frozen=True)
-class BatchFrames:
-    """What a batch writes, from one read of its ranges.
-
-    ``read`` is every record of the batch, once, as Kafka gives it plus what the pipeline
-    computes per record before any decision (the parse); ``check`` turns a frame of that
-    shape into :attr:`records`, with :data:`ERROR_COLUMN`; ``good`` and ``bad`` project
-    records to target rows and quarantine rows. Keeping the steps apart lets step 4 count
-    the records read (observed on ``read``) and the rows written (observed on ``good``) in
-    the pass that writes, on rows Spark holds anyway: counting copies none. The first
-    count also stops Spark from pushing the good/bad filter below the parse, which would
-    repeat the parse inside the filter.
-    """
-
-    read: DataFrame
-    check: Callable[[DataFrame, Guard | None], DataFrame]
-    """With a guard, :data:`ERROR_COLUMN` is :func:`guarded_error` of it, in the same projection
-    (each projection added to the pass is analysed again: 0.02 s of a G3 batch's step 3)."""
-    good: Callable[[DataFrame], DataFrame]
-    bad: Callable[[DataFrame], DataFrame]
-    guard: Guard | None = None
-    """Over ``read``: where a guarded intent may not write a record uncut, and why."""
-
-    @property
-    def records(self) -> DataFrame:
-        return self.check(self.read, None)
-
-
-def guarded_error(guard: Guard, error: Column) -> Column:
-    """:data:`ERROR_COLUMN` of a guarded write: the job fails at the first record ``guard``
-    trips, so nothing commits; else ``error``. Every record's error is evaluated (the
-    good/bad split needs it), so every record is checked, a bad one too."""
-    from pyspark.sql import functions as F
-
-    return F.when(guard.tripped, F.raise_error(F.concat(F.lit(GUARD_TRIPPED), guard.why))).otherwise(error)
-
-
-@dataclass(frozen=True)
 class _Pass:
     """Step 4's write of one intent, built before it runs (so it can be built during step 3)."""
 
@@ -199,33 +149,6 @@ class _Pass:
     kept: Observation
     """Counts the rows written (``rows``); its completing proves the pass ran."""
     guarded: bool
-
-
-@dataclass(frozen=True)
-class BatchResult:
-    intent: Intent
-    replayed: bool
-    rows: int
-    """Rows this run appended to the target (0 when Delta found the batch already there)."""
-    quarantined: int
-    """Records this run appended to quarantine."""
-
-
-#: Builds a batch's frames from its intent; must be deterministic in the intent.
-FrameBuilder = Callable[[Intent], BatchFrames]
-
-#: Step 2's second half: a planned intent, the batch before it and the partitions' bounds
-#: (LSOs) it was planned to, to the intent with the pipeline's decisions made (may shrink
-#: its ranges, or mark it guarded).
-Decide = Callable[[Intent, "Intent | None", Mapping[TP, PartitionBounds]], Intent]
-
-#: Step 4's revision of a guarded intent whose check failed: the same batch, decided without the guard.
-Revise = Callable[[Intent], Intent]
-
-#: Where partitions without a stored end start: given them, the bounds the batch is planned
-#: to, and whether the pipeline has committed a batch before (then they are new to a
-#: running pipeline, not its first start). Every start must lie within those bounds.
-NewPartitionStarts = Callable[[list[TP], Mapping[TP, PartitionBounds], bool], Mapping[TP, int]]
 
 
 def _completes(observation: Observation, timeout: float) -> bool:

@@ -54,7 +54,7 @@ from tidemark.errors import TerminalError, TransientError
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from offsets.protocol import BatchResult
+    from offsets.frames import BatchResult
 
 log = logging.getLogger(__name__)
 

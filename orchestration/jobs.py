@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from pyspark.sql import SparkSession
 
-    from offsets.protocol import BatchResult
+    from offsets.frames import BatchResult
 
 
 def ingest(spark: SparkSession, config: str, pipeline: str,

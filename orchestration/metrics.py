@@ -32,7 +32,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from offsets.protocol import BatchResult
+    from offsets.frames import BatchResult
     from outbox.relay import Relay
     from tidemark.config import PipelineConfig, RelayConfig
 

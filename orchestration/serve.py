@@ -35,7 +35,7 @@ from tidemark.config import TidemarkConfig
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from offsets.protocol import BatchResult
+    from offsets.frames import BatchResult
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from connectors.admin import TP, KafkaAdmin, PartitionBounds, RetentionLossError, check_retention
+from offsets.frames import BatchResult
 from offsets.ledger import Intent, Ledger
-from offsets.protocol import BatchResult
 from pipelines.ingest import IngestJob, IngestReport
 from tidemark.config import PipelineConfig, TidemarkConfig, TimestampStart
 from tidemark.errors import ConfigError

@@ -16,8 +16,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from offsets.frames import ERROR_COLUMN
 from offsets.ledger import Intent
-from offsets.protocol import ERROR_COLUMN
 from offsets.tables import delta_table_exists
 from tidemark.config import PipelineConfig
 

@@ -19,8 +19,9 @@ from connectors.admin import TP, KafkaAdmin, PartitionBounds
 from connectors.kafka_config import librdkafka_config, spark_options
 from connectors.preflight import spark_refusal
 from connectors.sizes import bytes_per_offset
+from offsets.frames import BatchResult
 from offsets.ledger import Intent
-from offsets.protocol import BatchResult, CommitProtocol
+from offsets.protocol import CommitProtocol
 from pipelines import transactions
 from pipelines.dedup import table_version
 from pipelines.transform import columns_ahead, frames

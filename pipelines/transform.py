@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 
 from connectors.kafka_config import fingerprint
 from offsets.cut import RelayRanges
+from offsets.frames import ERROR_COLUMN, BatchFrames, Guard, guarded_error
 from offsets.ledger import Intent
-from offsets.protocol import ERROR_COLUMN, BatchFrames, Guard, guarded_error
 from pipelines.dedup import EVENT_ID_COLUMN, flag_duplicates
 from pipelines.transactions.headers import (
     HEADERS_COLUMN,

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from offsets.cut import RelayRanges
-from offsets.protocol import Guard
+from offsets.frames import Guard
 from outbox import headers as H
 from tidemark.config import PipelineConfig
 

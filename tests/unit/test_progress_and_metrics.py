@@ -6,8 +6,8 @@ from datetime import UTC, datetime
 
 from cli.progress import planned_offsets
 from connectors.admin import PartitionBounds
+from offsets.frames import BatchResult
 from offsets.ledger import Intent, Range
-from offsets.protocol import BatchResult
 from orchestration.metrics import Metrics
 
 
