@@ -157,6 +157,22 @@ def test_random_cuts_are_valid_and_the_largest_valid_cut() -> None:
         assert ends == best, (ends, best, visible)
 
 
+def _relay_like(rng: random.Random) -> tuple[list[tuple[str, int]], dict[str, dict[tuple[str, int], list[int]]],
+                                             dict[tuple[str, int], int]]:
+    """Random relay-like partitions: each transaction's events a gap-free run per partition;
+    returns the partitions, each transaction's offsets per partition, and the LSOs."""
+    tps = [("a", 0), ("a", 1), ("b", 0)]
+    cursor = {tp: 0 for tp in tps}
+    events: dict[str, dict[tuple[str, int], list[int]]] = {}
+    for i in range(rng.randint(1, 10)):
+        txn = events.setdefault(f"t{i}", {})
+        for tp in rng.sample(tps, rng.randint(1, 3)):
+            n = rng.randint(1, 3)
+            txn[tp] = list(range(cursor[tp], cursor[tp] + n))
+            cursor[tp] += n + (1 if rng.random() < 0.5 else 0)  # a commit marker, sometimes
+    return tps, events, dict(cursor)
+
+
 def test_the_manifest_and_the_scan_give_the_same_cut() -> None:
     """Random relay-like partitions: each transaction's events are a gap-free run per partition.
     The scan sees the events inside the proposal; the manifest lists every span. Same cut, same
@@ -165,16 +181,7 @@ def test_the_manifest_and_the_scan_give_the_same_cut() -> None:
 
     rng = random.Random(5)
     for _ in range(300):
-        tps = [("a", 0), ("a", 1), ("b", 0)]
-        cursor = {tp: 0 for tp in tps}
-        events: dict[str, dict[tuple[str, int], list[int]]] = {}
-        for i in range(rng.randint(1, 10)):
-            txn = events.setdefault(f"t{i}", {})
-            for tp in rng.sample(tps, rng.randint(1, 3)):
-                n = rng.randint(1, 3)
-                txn[tp] = list(range(cursor[tp], cursor[tp] + n))
-                cursor[tp] += n + (1 if rng.random() < 0.5 else 0)  # a commit marker, sometimes
-        lso = dict(cursor)
+        tps, events, lso = _relay_like(rng)
         ranges = [Range(t, p, 0, max(0, lso[(t, p)] - rng.randint(0, 4))) for t, p in tps]
         ends = {r.tp: r.end for r in ranges}
         scanned = []
@@ -321,16 +328,7 @@ def test_one_decision_from_the_scans_facts_or_the_manifests_gives_one_intent() -
 
     rng = random.Random(23)
     for _ in range(200):
-        tps = [("a", 0), ("a", 1), ("b", 0)]
-        cursor = {tp: 0 for tp in tps}
-        events: dict[str, dict[tuple[str, int], list[int]]] = {}
-        for i in range(rng.randint(1, 10)):
-            txn = events.setdefault(f"t{i}", {})
-            for tp in rng.sample(tps, rng.randint(1, 3)):
-                n = rng.randint(1, 3)
-                txn[tp] = list(range(cursor[tp], cursor[tp] + n))
-                cursor[tp] += n + (1 if rng.random() < 0.5 else 0)
-        lso = dict(cursor)
+        tps, events, lso = _relay_like(rng)
         ranges = tuple(Range(t, p, 0, max(0, lso[(t, p)] - rng.randint(0, 4))) for t, p in tps)
         ends = {r.tp: r.end for r in ranges}
         intent = Intent("p", 7, "w", T0, ranges, manifest=(0, 3, 3))
