@@ -75,6 +75,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
                 hook(result, seconds)
 
         job.on_batch = each_batch
+        if metrics is not None:
+            job.on_outage = lambda down: metrics.kafka_outage(pipeline.name, down)
         if args.follow:
             report = job.follow(stop_on_signals())
         elif on_terminal():

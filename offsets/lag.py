@@ -30,8 +30,9 @@ class PartitionLag:
 
 
 def partition_lags(client_config: Mapping[str, Any], pipeline: PipelineConfig,
-                   committed: Mapping[TP, int]) -> list[PartitionLag]:
-    with KafkaAdmin(dict(client_config)) as admin:
+                   committed: Mapping[TP, int], *, timeout: float = 15.0) -> list[PartitionLag]:
+    """``timeout`` bounds each request to Kafka (a metrics scrape must answer within its own)."""
+    with KafkaAdmin(dict(client_config), timeout=timeout) as admin:
         bounds = admin.bounds(admin.partitions_matching(pipeline.topics, pipeline.topic_pattern))
     lags = []
     for (topic, part), b in sorted(bounds.items()):

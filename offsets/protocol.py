@@ -222,6 +222,11 @@ class CommitProtocol:
         self._warming: threading.Thread | None = None
         """The warm-up in flight, if any (:meth:`quiesce` waits for it)."""
 
+    def forget(self) -> None:
+        """Read the tables at the next step 1 instead of trusting this process's last settled batch:
+        after a batch failed half-way (an outage), the ledger may hold a claim this process made."""
+        self._settled = None
+
     def _reached(self, step: str) -> None:
         if self.on_step is not None:
             self.on_step(step)

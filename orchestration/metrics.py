@@ -64,13 +64,24 @@ class Metrics:
                                   ["pipeline"], buckets=DURATION_BUCKETS, registry=r)
         self.last_batch = Gauge("tidemark_last_batch_timestamp_seconds", "When this process last committed a "
                                 "batch (Unix time)", ["pipeline"], registry=r)
+        self.kafka_outages = Counter("tidemark_ingest_kafka_outages", "Times a follower found Kafka not answering "
+                                     "and waited for it", ["pipeline"], registry=r)
+        self.kafka_down = Gauge("tidemark_ingest_kafka_down", "1 while a follower waits for Kafka to answer again",
+                                ["pipeline"], registry=r)
 
     def count_batches(self, pipeline: str) -> None:
         """Show ``pipeline``'s batch counters at 0 from the start (a series that appears only at its first
         increment hides that first increase from ``rate()``)."""
-        for counter in (self.batches, self.rows, self.quarantined, self.offsets, self.released):
+        for counter in (self.batches, self.rows, self.quarantined, self.offsets, self.released, self.kafka_outages):
             counter.labels(pipeline)
+        self.kafka_down.labels(pipeline).set(0)
         self.duration.labels(pipeline)
+
+    def kafka_outage(self, pipeline: str, down: bool) -> None:
+        """A follower's wait for Kafka began (``down``) or ended (``IngestJob``'s ``on_outage``)."""
+        if down:
+            self.kafka_outages.labels(pipeline).inc()
+        self.kafka_down.labels(pipeline).set(1 if down else 0)
 
     def batch(self, pipeline: str, result: BatchResult, seconds: float) -> None:
         """Count one committed batch (``IngestJob``'s ``on_batch``)."""
@@ -95,6 +106,11 @@ class Metrics:
         """Expose ``/metrics`` on ``host:port`` from a daemon thread (ends with the process)."""
         start_http_server(port, addr=host, registry=self.registry)
         log.warning("metrics on http://%s:%d/metrics", host, port)
+
+
+#: How long a scrape waits for each Kafka request: Prometheus gives a scrape 10 s by default,
+#: and a scrape while Kafka is down must still answer (with what it can read, and the error counted).
+SCRAPE_KAFKA_SECONDS = 2.0
 
 
 class _PipelineCollector(Collector):
@@ -126,7 +142,8 @@ class _PipelineCollector(Collector):
         for p in self.pipelines:
             try:
                 last = read_last(p.ledger_path, p.name)
-                for x in partition_lags(self.client_config, p, last.ends() if last else {}):
+                for x in partition_lags(self.client_config, p, last.ends() if last else {},
+                                        timeout=SCRAPE_KAFKA_SECONDS):
                     key = [p.name, x.topic, str(x.partition)]
                     if x.next_offset is not None:
                         committed.add_metric(key, x.next_offset)

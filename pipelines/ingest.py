@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: The longest a follower waits between probes of a Kafka that does not answer (1, 2, 4 ... s before).
+OUTAGE_MAX_WAIT_SECONDS = 30.0
+
 
 @dataclass
 class IngestReport:
@@ -61,6 +64,8 @@ class IngestJob:
         """Source transactions the newest plan left for later (incomplete or split by the cut)."""
         self.start_offsets = dict(start_offsets or {})
         """Explicit start offsets of new partitions (a backfill), instead of the start policy."""
+        self.on_outage: Callable[[bool], None] | None = None
+        """Called when a follower starts waiting for Kafka (True) and when Kafka answers again (False)."""
         self.on_batch: Callable[[BatchResult, float], None] | None = None
         """Called after each committed batch with its seconds (metrics); a replay found at start counts
         its own call's seconds only when no new batch followed it in the same call."""
@@ -254,13 +259,57 @@ class IngestJob:
         self.protocol.keep_warm = True
         columns_ahead(self.spark, self.pipeline)
         report = IngestReport()
+        waits = 0
         with self._run_scope():
             try:
                 while not stop.is_set():
-                    step = self.run_to(self.snapshot(), stop)
+                    try:
+                        step = self.run_to(self.snapshot(), stop)
+                    except Exception as exc:
+                        lost = self._kafka_lost(exc)
+                        if lost is None:
+                            raise
+                        waits += 1
+                        if waits == 1:
+                            self._outage(True)
+                        pause = min(OUTAGE_MAX_WAIT_SECONDS, 2.0 ** min(waits, 5))
+                        log.warning("%s; waiting %.0f s, then the batch in flight is recovered and tried again "
+                                    "(outage wait %d)", lost, pause, waits)
+                        self.protocol.forget()
+                        stop.wait(pause)
+                        continue
+                    if waits:
+                        log.warning("Kafka answers again after %d outage wait(s); going on", waits)
+                        self._outage(False)
+                        waits = 0
                     report.batches += step.batches
                     if not step.batches:
                         stop.wait(self.pipeline.trigger_interval_seconds)
             finally:
                 self.protocol.quiesce()
         return report
+
+    def _outage(self, down: bool) -> None:
+        if self.on_outage is not None:
+            try:
+                self.on_outage(down)
+            except Exception:  # metrics must not stop ingestion
+                log.exception("metrics: recording an outage failed")
+
+    def _kafka_lost(self, exc: Exception) -> str | None:
+        """Why the follower should wait rather than stop: Kafka does not answer a probe now. None for
+        anything else, which stops the follower as before (a rival run, a refusal, a bug)."""
+        from connectors.preflight import check_access
+        from offsets.protocol import ConcurrentWriterError
+        from tidemark.errors import ServiceUnavailableError, TerminalError
+
+        if isinstance(exc, ConcurrentWriterError) or (isinstance(exc, TerminalError)
+                                                      and not isinstance(exc, ServiceUnavailableError)):
+            return None
+        try:
+            check_access(self.client_config)
+        except ServiceUnavailableError as probe:
+            return str(probe)
+        except Exception:  # noqa: BLE001  (a refusal, not an outage: the original error stands)
+            return None
+        return None
