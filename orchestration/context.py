@@ -96,10 +96,17 @@ def resolve_bootstrap(config: TidemarkConfig) -> str:
     return Stack(settings()).endpoints().kafka_bootstrap
 
 
-def pipeline_context(config_path: str | Path, name: str) -> PipelineContext:
+def pipeline_context(config_path: str | Path, name: str, *, check: bool = True) -> PipelineContext:
+    """The pipeline, its config and Kafka's address; with ``check``, the servers it needs answer.
+
+    ``check=False`` is for a flow reading its schedule: the checks then run inside the flow's
+    task, where an outage is retried by the schedule's policy instead of failing the run.
+    """
     config = load(config_path).for_pipeline(name)
     pipeline = config.pipeline(name)
-    check_reachable((pipeline.target, pipeline.quarantine_path, pipeline.ledger_path))
+    if check:
+        check_reachable((pipeline.target, pipeline.quarantine_path, pipeline.ledger_path))
     bootstrap = resolve_bootstrap(config)
-    preflight(config, bootstrap, pipeline.topics)
+    if check:
+        preflight(config, bootstrap, pipeline.topics)
     return PipelineContext(config, pipeline, bootstrap)

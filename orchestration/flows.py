@@ -110,7 +110,7 @@ def _seconds_before_fetching(fetching_at: float | None) -> float | None:
 @flow(name="tidemark-ingest", flow_run_name="ingest-{pipeline}")
 def ingest_flow(pipeline: str, config: str = "tidemark.yaml") -> dict[str, Any]:
     """Ingest ``pipeline`` from its stored offsets up to the LSO, exactly once."""
-    ctx = pipeline_context(config, pipeline)
+    ctx = pipeline_context(config, pipeline, check=False)  # checked in the task, under its retries
     with pipeline_slot(pipeline, wait_seconds=ctx.pipeline.schedule.wait_for_slot_seconds) as slot:
         get_run_logger().info("holding the slot of pipeline %s (waited %.1fs)", pipeline, slot.waited_seconds)
         result = _with_retries(_ingest, ctx)(config, pipeline)
@@ -152,7 +152,7 @@ def _backfill(config: str, pipeline: str, into: str, batches: str | None, from_o
 def backfill_flow(pipeline: str, into: str, config: str = "tidemark.yaml", batches: str | None = None,
                   from_offsets: str | None = None, from_timestamp: str | None = None) -> dict[str, Any]:
     """Re-read stored batches (``"3-7"``), or from offsets or a time, into the table ``into``."""
-    ctx = pipeline_context(config, pipeline)
+    ctx = pipeline_context(config, pipeline, check=False)  # checked in the task, under its retries
     # Its own slot: a backfill writes another table and may run beside the pipeline's ingest.
     with pipeline_slot(f"{pipeline}-backfill", wait_seconds=ctx.pipeline.schedule.wait_for_slot_seconds):
         result = _with_retries(_backfill, ctx)(config, pipeline, into, batches, from_offsets, from_timestamp)
@@ -172,7 +172,7 @@ def _maintain(config: str, pipeline: str) -> dict[str, Any]:
 @flow(name="tidemark-maintain", flow_run_name="maintain-{pipeline}")
 def maintain_flow(pipeline: str, config: str = "tidemark.yaml") -> dict[str, Any]:
     """Compact and vacuum ``pipeline``'s tables (pipelines.maintain), beside its ingest."""
-    ctx = pipeline_context(config, pipeline)
+    ctx = pipeline_context(config, pipeline, check=False)  # checked in the task, under its retries
     # Its own slot: compaction never conflicts with ingest's appends, only with another compaction.
     with pipeline_slot(f"{pipeline}-maintain", wait_seconds=ctx.pipeline.schedule.wait_for_slot_seconds):
         result = _with_retries(_maintain, ctx)(config, pipeline)
@@ -196,7 +196,7 @@ def _audit(config: str, pipeline: str, docs: str | None) -> dict[str, Any]:
 @flow(name="tidemark-audit", flow_run_name="audit-{pipeline}")
 def audit_flow(pipeline: str, config: str = "tidemark.yaml", docs: str | None = None) -> dict[str, Any]:
     """The quality checks; the run fails (never retried) if any check fails."""
-    ctx = pipeline_context(config, pipeline)
+    ctx = pipeline_context(config, pipeline, check=False)  # checked in the task, under its retries
     result = _with_retries(_audit, ctx)(config, pipeline, docs)
     create_table_artifact(key=_artifact_key("audit", pipeline), table=result["verdicts"],
                           description=f"quality checks of {pipeline}; Data Docs: file://{result['docs']}")
