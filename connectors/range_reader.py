@@ -4,7 +4,7 @@ For what the planner needs before a batch is read by Spark: the G3 scan (positio
 timestamp and headers of every record of the proposed ranges, :func:`headed_records`)
 and the byte cap's sample (``connectors.sizes``). Spark's Kafka source cannot leave the
 values out: it copies each into a row, so a scan through it costs about as much as the
-batch's write (3x what this reader costs on 1 KB records, measured in docs/benchmarks.md).
+batch's write (3x what this reader costs on 1 KB records, measured on 2 cores).
 librdkafka hands out a record without converting it.
 
 Semantics are those of ``pipelines.transform.read_ranges``: ``read_committed``, exactly

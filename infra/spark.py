@@ -48,7 +48,7 @@ JIT_OPTIONS = "-XX:CompileThresholdScaling=5"
 #: internal row, converted to a ``Row`` (topic and headers to Java objects) and converted back
 #: before Spark copied it into its own row; the V2 scan writes Spark's row once. Both resolve
 #: the ranges and fetch them with the same code: the same records, offsets and read errors
-#: (``bench/reader_bench.py`` checks their content equal); only an invalid option is
+#: (``bench/diagnostics/reader_bench.py`` checks their content equal); only an invalid option is
 #: reported at the first action instead of at ``load()``. Measured on 2 cores.
 V1_SOURCES = "avro,csv,json,orc,parquet,text"
 

@@ -2,8 +2,8 @@
 
 Only where Spark's or Delta's built-in is measurably slow on a hot path: UTF-8
 validation of every record (``tidemark_is_valid_utf8``, same answers as Spark's
-``is_valid_utf8``, several times faster on mostly-ASCII values; see
-docs/benchmarks.md), G3's column (``tidemark_txn_headers``: a record's transaction headers
+``is_valid_utf8``, several times faster on mostly-ASCII values; measured
+on 2 cores), G3's column (``tidemark_txn_headers``: a record's transaction headers
 in one pass over its headers, and the relay's compact per-topic counts read directly,
 anything else left to ``from_json``), the parse of every JSON value (``tidemark_from_json``: an ordinary
 object read in one pass over its bytes, anything else by from_json's own parser reading the

@@ -1,7 +1,7 @@
 """The warm driver: ``tidemark serve`` keeps one SparkSession and runs every served run's Spark work in it.
 
 Why: Prefect's Runner starts each flow run in a new process. A run that started its own
-Spark driver paid a JVM, the jars and a session (~15 s measured, docs/benchmarks.md) on
+Spark driver paid a JVM, the jars and a session (~15 s, measured on 2 cores) on
 every tick of every schedule. Instead the serve process starts the session once, before
 the first run, and listens on a Unix socket; the flow-run processes it spawns inherit
 :data:`ENV` (the socket's private directory) and their tasks send the job there

@@ -58,13 +58,13 @@ QUARANTINE_COLUMNS = (
 #: A batch is a bulk read of known ranges, not a tail: fewer, larger fetches (the Java
 #: client's defaults are 1 MiB per partition and a 64 KiB socket buffer) keep a task
 #: parsing instead of waiting on the broker. Side by side on 1M × 1 KB records, the same
-#: pass took 10.4-10.5 s with these and 12.5 s without (docs/benchmarks.md).
+#: pass took 10.4-10.5 s with these and 12.5 s without (measured on 2 cores).
 #:
 #: Memory: Spark pools a read's consumers for the next batch (:func:`reader_group`), and a
 #: pooled consumer keeps its last fetch response and last poll's records, until 5 idle
 #: minutes evict it: up to about twice ``max.partition.fetch.bytes`` of heap per
 #: topic-partition the driver has read. At 32 MiB, a read of 4 partitions of 24 MB left
-#: 115 MiB reachable (188 MiB with 10 KB records; ``bench/read_heap_bench.py``), 8
+#: 115 MiB reachable (188 MiB with 10 KB records; ``bench/diagnostics/read_heap_bench.py``), 8
 #: partitions of a 1M-record batch 320 MiB of a 2 GiB driver, and a benchmark session ran
 #: out of heap; a served driver reading a few dozen partitions would have too. At 4 MiB the
 #: same read left 10 MiB (3 MiB with 10 KB records, 17 MiB with 200 B ones) and took as
@@ -78,7 +78,7 @@ QUARANTINE_COLUMNS = (
 #: read, for the offset the next batch starts at, is held by the broker for this long when
 #: nothing new has committed yet, and the next batch's poll waits for it. Under the
 #: freshness benchmark's load some follower batches spent 0.5 s per partition there
-#: (9 partitions, 2 tasks: a 2.7 s write for 2,300 rows; docs/benchmarks.md).
+#: (9 partitions, 2 tasks: a 2.7 s write for 2,300 rows; measured on 2 cores).
 #:
 #: ``max.poll.records``: after every poll Spark's reader asks the broker for the partition's
 #: earliest and latest offsets (two ListOffsets round trips), so the Java client's default
@@ -98,7 +98,7 @@ SMALL_BATCH_OFFSETS = 100_000
 """A batch with fewer offsets is read and written by at most one task per core, not one per
 Kafka partition: a follower's batch of a few thousand records over 9 partitions spent more
 on 9 tasks and 9 Parquet files than on its rows (commit step 0.78 s vs 1.05 s per batch at
-2,000 events/s, docs/benchmarks.md), and readers get fewer small files."""
+2,000 events/s, measured on 2 cores), and readers get fewer small files."""
 
 
 def reader_group(kafka_options: dict[str, str]) -> str:
@@ -107,7 +107,7 @@ def reader_group(kafka_options: dict[str, str]) -> str:
     Spark pools its executors' consumers by group id and partition, and gives each read a
     fresh group id unless told one: so every batch used to open new consumers (connect,
     authenticate, fetch metadata), 0.15-0.3 s of a follower's small batch (2.5x the read
-    itself, docs/benchmarks.md). A stable id lets a batch reuse the consumers the last one
+    itself, measured on 2 cores). A stable id lets a batch reuse the consumers the last one
     left. No group is ever joined or committed to (the reads assign their partitions), so
     readers sharing it do not interfere. The pool knows a consumer only by that id, so the
     id is the options' :func:`~connectors.kafka_config.fingerprint`: new consumers when a
@@ -180,7 +180,7 @@ def frame_columns(spark: SparkSession, pipeline: PipelineConfig) -> FrameColumns
 
     Built once per session and configuration: a served driver's scheduled runs, each a new
     job, then skip the hundred-odd py4j round trips (0.05-0.1 s of a G3 run's step 4,
-    docs/benchmarks.md). A changed configuration is another key, so it gets its own. A
+    measured on 2 cores). A changed configuration is another key, so it gets its own. A
     build :func:`columns_ahead` started is waited for, not repeated; a failed one is not
     kept, so its error reaches every caller waiting for it and the next call builds again.
     """

@@ -221,7 +221,7 @@ def test_a_bulk_read_leaves_at_most_a_small_fetch_per_partition_in_the_heap(  # 
     """Spark pools a batch's consumers for the next batch, and each keeps its last fetch
     response and poll: what a read leaves in the driver's heap must stay a few MiB per
     partition read, not the partition's data (pipelines.transform.BULK_READ_OPTIONS).
-    Here 4 MiB fetches left 3 MiB and 32 MiB fetches 69 MiB (bench/read_heap_bench.py: other sizes)."""
+    Here 4 MiB fetches left 3 MiB and 32 MiB fetches 69 MiB (bench/diagnostics/read_heap_bench.py: other sizes)."""
     from confluent_kafka import Producer
 
     from connectors.kafka_config import spark_options

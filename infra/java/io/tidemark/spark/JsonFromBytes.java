@@ -38,7 +38,7 @@ import scala.runtime.AbstractFunction2;
  * <p>Spark's {@code from_json} wraps every value in an {@code InputStreamReader}, whose
  * decoder allocates and zeroes an 8 KiB buffer per record and decodes UTF-8 to chars
  * before Jackson sees them: 13 % of a bulk ingest's task time in a profile of 1M x 1 KB
- * records (docs/benchmarks.md). Here Jackson's byte parser reads the value's bytes. A
+ * records (measured on 2 cores). Here Jackson's byte parser reads the value's bytes. A
  * value that does not start like a JSON text in UTF-8 (a byte order mark, a NUL among
  * its first four bytes, anything but whitespace, an object or an array first), on which
  * Jackson would guess another encoding, takes Spark's path. Values that are not UTF-8 fail

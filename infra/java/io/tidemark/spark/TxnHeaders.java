@@ -112,7 +112,7 @@ public final class TxnHeaders extends TidemarkExpression {
          * source transaction carries the same value, and a relay's transactions repeat a few
          * shapes, so most records find theirs here instead of decoding the header to a Java
          * string and hashing each topic name in it again (about half of this expression's
-         * time in a profile, docs/benchmarks.md). Concurrent because the expression may be
+         * time in a profile, measured on 2 cores). Concurrent because the expression may be
          * shared by a task's threads; bounded.
          */
         final ConcurrentHashMap<UTF8String, Integer> counted = new ConcurrentHashMap<>();
