@@ -25,7 +25,7 @@ GRANT_HINT = ("an ACL is missing. Grant it the ACLs `tidemark acls` prints for t
 #: Seconds the metadata request may take: an operator gets the one line within 10 s of the
 #: command's start, interpreter and imports included. A cluster that answers at all does so
 #: in milliseconds; a TLS handshake in well under a second.
-PREFLIGHT_SECONDS = 5.0
+PREFLIGHT_SECONDS = 6.0
 
 #: An address every broker of which refused the connection (a closed port) is reported after
 #: this long, without waiting out the whole timeout: long enough for a few reconnects.
@@ -67,7 +67,7 @@ def _metadata(admin: Any, errors: list[Any], timeout: float) -> Any:
     the connection for :data:`REFUSED_SECONDS` (the error callback says so early)."""
     import time
 
-    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka import KafkaException
 
     deadline = time.monotonic() + timeout
     started = time.monotonic()
@@ -77,10 +77,22 @@ def _metadata(admin: Any, errors: list[Any], timeout: float) -> Any:
             return admin.list_topics(timeout=max(0.1, min(0.5, left)))
         except KafkaException:
             admin.poll(0.05)  # serves the error callback: the cause
-        refused = any(e.code() == KafkaError._ALL_BROKERS_DOWN for e in errors)
-        causes = any(e.code() in (KafkaError._AUTHENTICATION, KafkaError._SSL) for e in errors)
-        if causes or time.monotonic() >= deadline or (refused and time.monotonic() - started >= REFUSED_SECONDS):
+        # A refused login or a failed handshake is retried by librdkafka too, and a loaded broker's
+        # handshake can fail once and then pass: those wait out the timeout, as before, and are named.
+        if time.monotonic() >= deadline or (_refused(errors) and time.monotonic() - started >= REFUSED_SECONDS):
             return None
+
+
+def _refused(errors: list[Any]) -> bool:
+    """Every broker is down and the cause is a refused TCP connection (nothing listens there).
+
+    Only that: librdkafka also reports all brokers down while a TLS or SASL handshake of a
+    loaded broker is slow or fails, and those are waited for, or named by their own error.
+    """
+    from confluent_kafka import KafkaError
+
+    return any(e.code() == KafkaError._ALL_BROKERS_DOWN for e in errors) and any(
+        e.code() == KafkaError._TRANSPORT and "Connection refused" in e.str() for e in errors)
 
 
 def require_operation(client_config: Mapping[str, Any], topics: Iterable[str], operation: str, *,
@@ -185,7 +197,7 @@ def _cause(conf: Mapping[str, Any], errors: list[Any], named_by: str = "kafka.bo
                 "sasl_username and sasl_password (or sasl_password_file / sasl_password_env)")
         if err.code() == KafkaError._SSL or "SSL" in text and ("alert" in text or "handshake" in text):
             return KafkaAccessError(_tls_line(conf, text))
-    if any(err.code() == KafkaError._ALL_BROKERS_DOWN for err in errors):
+    if _refused(errors):
         return ServiceUnavailableError(
             f"Kafka at {bootstrap} ({named_by}) refused the connection: is the broker up, and is that the address?")
     return ServiceUnavailableError(
