@@ -38,7 +38,7 @@ def serve_metrics(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return metrics
 
 
-def relay_of(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def relay_of(args: argparse.Namespace, *, kafka: bool = True):  # type: ignore[no-untyped-def]
     """(config, PostgreSQL DSN, librdkafka properties) for the outbox and relay commands."""
     from pathlib import Path
 
@@ -60,7 +60,8 @@ def relay_of(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
         endpoints = Stack(settings()).endpoints()
         dsn, bootstrap = dsn or endpoints.postgres_dsn, bootstrap or endpoints.kafka_bootstrap
-    preflight(config, bootstrap)
+    if kafka:  # the relay's own commands; a caller that only wants the database skips it
+        preflight(config, bootstrap)
     from connectors.preflight import check_postgres
 
     check_postgres(dsn, named_by=postgres_named_by(config))
