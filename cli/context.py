@@ -38,7 +38,7 @@ def serve_metrics(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return metrics
 
 
-def relay_of(args: argparse.Namespace, *, kafka: bool = True):  # type: ignore[no-untyped-def]
+def relay_of(args: argparse.Namespace, *, check: bool = True):  # type: ignore[no-untyped-def]
     """(config, PostgreSQL DSN, librdkafka properties) for the outbox and relay commands."""
     from pathlib import Path
 
@@ -60,8 +60,9 @@ def relay_of(args: argparse.Namespace, *, kafka: bool = True):  # type: ignore[n
 
         endpoints = Stack(settings()).endpoints()
         dsn, bootstrap = dsn or endpoints.postgres_dsn, bootstrap or endpoints.kafka_bootstrap
-    if kafka:  # the relay's own commands; a caller that only wants the database skips it
-        preflight(config, bootstrap)
+    if not check:  # a caller that only wants the database's address (status, serve's metrics)
+        return config, dsn, librdkafka_config(config.kafka, bootstrap)
+    preflight(config, bootstrap)
     from connectors.preflight import check_postgres
 
     check_postgres(dsn, named_by=postgres_named_by(config))

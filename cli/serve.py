@@ -44,8 +44,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     bootstrap = resolve_bootstrap(config)
     for p in config.pipelines:  # each server the runs need answers now, as each pipeline connects
         preflight(config.for_pipeline(p.name), bootstrap)
-    if args.relay:  # its database; the supervised `relay run` checks Kafka as the relay itself
-        relay_of(argparse.Namespace(config=args.config, relay_id=None), kafka=False)
+    if args.relay:  # the supervised `relay run` checks its own servers as it starts
+        relay_of(argparse.Namespace(config=args.config, relay_id=None), check=False)
     stack = Stack(settings())
     server = stack.prefect()
     if server is None:
@@ -63,7 +63,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         for p in config.pipelines:
             metrics.count_batches(p.name)
         if args.relay:
-            _, dsn, _ = relay_of(argparse.Namespace(config=args.config, relay_id=None), kafka=False)
+            _, dsn, _ = relay_of(argparse.Namespace(config=args.config, relay_id=None), check=False)
             metrics.watch_relay(config.relay, dsn)
     where = server.ui_url if server else os.environ["PREFECT_API_URL"]
     print(f"serving {len(config.pipelines)} pipeline(s){' and the relay' if args.relay else ''}; "
@@ -102,7 +102,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 for p in config.pipelines]
     relay = None
     if args.relay:
-        _, dsn, _ = relay_of(argparse.Namespace(config=args.config, relay_id=None), kafka=False)
+        _, dsn, _ = relay_of(argparse.Namespace(config=args.config, relay_id=None), check=False)
         relay = relay_summary(config, dsn)
     if args.json:
         print(json.dumps({"pipelines": [s.to_dict() for s in statuses], "relay": relay}, indent=2))
