@@ -44,8 +44,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     bootstrap = resolve_bootstrap(config)
     for p in config.pipelines:  # each server the runs need answers now, as each pipeline connects
         preflight(config.for_pipeline(p.name), bootstrap)
-    if args.relay:  # the supervised `relay run` checks its own servers as it starts
-        relay_of(argparse.Namespace(config=args.config, relay_id=None), check=False)
+    # With --relay, the supervised `relay run` checks its own servers as it starts.
     stack = Stack(settings())
     server = stack.prefect()
     if server is None:
