@@ -34,7 +34,7 @@ runs are real ``OPTIMIZE``/``VACUUM`` commits between stretches of synthetic ver
 
     .venv/bin/python -m bench.history_bench --json docs/bench/history.json --png docs/bench/history.png
     .venv/bin/python -m bench.history_bench --delta-log-store      # the same with Delta's own log store
-    .venv/bin/python -m bench.history_bench --s3 --versions 400   # on s3a:// (the embedded server: see --s3)
+    .venv/bin/python -m bench.history_bench --s3 --json docs/bench/history-s3.json --png docs/bench/history-s3.png
     .venv/bin/python -m bench.history_bench --day                  # a simulated day, then one maintain
     .venv/bin/python -m bench.history_bench --properties --batches 60   # auto-compaction, optimized writes
 """
@@ -363,10 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--delta-log-store", action="store_true",
                         help="list _delta_log with Delta's own HDFSLogStore, not Tidemark's (what it buys)")
     parser.add_argument("--s3", action="store_true",
-                        help="every table on s3a:// on the embedded S3 server (Tidemark's S3 log store). The "
-                             "server (s3proxy) refuses a list page carrying both continuation-token and "
-                             "start-after (400), which delta-rs sends for a log of over 1,000 keys: so no "
-                             "more than ~500 versions here until it does")
+                        help="every table on s3a:// on the embedded S3 server (Tidemark's S3 log store)")
     parser.add_argument("--properties", action="store_true",
                         help="instead: per-batch cost with Delta's auto-compaction / optimized writes on vs off")
     report_arguments(parser)

@@ -3,59 +3,26 @@
 s3proxy serves the S3 API over a local directory and answers ``If-None-Match: *`` on PUT
 (412 when the key exists), the condition Tidemark's commits to S3 rely on; s3rver, for one,
 ignores it. It is one self-contained jar from Maven Central (``infra/jars``, profile
-``s3proxy``) and starts in about a second. Its check of the condition is not atomic with the
-write, as S3's is, so it runs under ``infra/s3server`` (compiled here, once, against that jar),
-which makes a conditional create exclusive per key. Its credentials are random, made at the first
+``s3proxy``) and starts in about a second. Its ``filesystem-nio2`` store decides the
+condition atomically with the write, as S3 does (it publishes a created key with link(2),
+which fails when the key exists), where s3proxy before 4.0 checked and then wrote, so two
+overlapping creates could both succeed. s3proxy 4.0 also pages a listing that names both
+``continuation-token`` and ``start-after`` as S3 does (the token wins), which delta-rs sends
+for a log of over 1,000 keys. Its credentials are random, made at the first
 start, and kept in an AWS shared-credentials file under the stack's home (mode 0600), which
 is where every client reads them (``tidemark.storage``); they appear nowhere else.
 """
 
 from __future__ import annotations
 
-import hashlib
 import secrets
-import shutil
-import subprocess
-import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 from infra import jars as jar_cache
 from infra.process import PidFile, java_executable, require_free_ports, spawn, stop_process, wait_until
-from tidemark.errors import MissingToolError, StackError
 from tidemark.storage import read_credentials, write_credentials
-
-SERVER_SOURCES = Path(__file__).parent / "s3server"
-SERVER_MAIN = "io.tidemark.s3server.ExclusiveCreateS3Proxy"
-
-
-def server_jar(home: Path, s3proxy: Path) -> Path:
-    """The wrapper's jar, compiled against ``s3proxy`` once per version of both."""
-    sources = sorted(SERVER_SOURCES.rglob("*.java"))
-    digest = hashlib.sha256(s3proxy.name.encode())
-    for source in sources:
-        digest.update(source.read_bytes())
-    target = home / "jars" / f"s3server-{digest.hexdigest()[:12]}" / "tidemark-s3server.jar"
-    if target.exists():
-        return target
-    javac, jar = shutil.which("javac"), shutil.which("jar")
-    if javac is None or jar is None:
-        raise MissingToolError("a JDK (`javac`, `jar`) is needed once to build the embedded S3 server: "
-                               "install OpenJDK 17 and run `tidemark stack up` again")
-    with tempfile.TemporaryDirectory() as tmp:
-        classes = Path(tmp) / "classes"
-        for cmd in ([javac, "--release", "17", "-cp", str(s3proxy), "-d", str(classes), *map(str, sources)],
-                    [jar, "cf", str(Path(tmp) / "out.jar"), "-C", str(classes), "."]):
-            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            if proc.returncode != 0:
-                raise StackError(f"building the embedded S3 server failed:\n{(proc.stdout + proc.stderr)[-2000:]}")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staged = target.with_name(f".{target.name}.partial")
-        shutil.copyfile(Path(tmp) / "out.jar", staged)
-        staged.replace(target)
-    return target
-
 
 class EmbeddedS3:
     def __init__(self, root: Path, home: Path, *, port: int = 19000, bucket: str = "tidemark",
@@ -98,7 +65,6 @@ class EmbeddedS3:
             return self.endpoint
         require_free_ports({"S3 server": self.port}, "TIDEMARK_S3__PORT")
         s3proxy = jar_cache.resolve(self.home, "s3proxy").jars[0]
-        wrapper = server_jar(self.home, s3proxy)
         self.root.mkdir(parents=True, exist_ok=True)
         (self.data / self.bucket).mkdir(parents=True, exist_ok=True)  # a bucket is a directory of the backend
         key, secret = self._identity()
@@ -109,11 +75,11 @@ class EmbeddedS3:
             "s3proxy.authorization=aws-v2-or-v4",
             f"s3proxy.identity={key}",
             f"s3proxy.credential={secret}",
-            "jclouds.provider=filesystem",
+            "jclouds.provider=filesystem-nio2",
             f"jclouds.filesystem.basedir={self.data}",
             "jclouds.region=us-east-1",
         ]) + "\n")
-        pid = spawn([java_executable(), "-Xmx256m", "-cp", f"{s3proxy}:{wrapper}", SERVER_MAIN, str(properties)],
+        pid = spawn([java_executable(), "-Xmx256m", "-jar", str(s3proxy), "--properties", str(properties)],
                     log=self.log, cwd=self.root)
         self.pidfile.write(pid)
         wait_until(self.answers, timeout=timeout, what="S3 server", alive=self.running, log=self.log)
