@@ -24,6 +24,7 @@ from infra import jars as jar_cache
 from infra.process import PidFile, java_executable, require_free_ports, spawn, stop_process, wait_until
 from tidemark.storage import read_credentials, write_credentials
 
+
 class EmbeddedS3:
     def __init__(self, root: Path, home: Path, *, port: int = 19000, bucket: str = "tidemark",
                  credentials: Path | None = None) -> None:
