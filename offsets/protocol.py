@@ -221,6 +221,10 @@ class CommitProtocol:
         target's new snapshot state on a thread, off the next batch's commit path."""
         self._warming: threading.Thread | None = None
         """The warm-up in flight, if any (:meth:`quiesce` waits for it)."""
+        self.target_options: dict[str, str] = {}
+        """Writer options of step 4's append to the target only: ``mergeSchema`` when the pipeline's
+        schema evolution found the batch adds or widens columns (:mod:`pipelines.evolution`), so the
+        new schema lands in the batch's own commit."""
 
     def forget(self) -> None:
         """Read the tables at the next step 1 instead of trusting this process's last settled batch:
@@ -406,6 +410,8 @@ class CommitProtocol:
         writer = (df.write.format("delta").mode("append")
                   .option("txnAppId", self.pipeline).option("txnVersion", intent.batch_id)
                   .option("userMetadata", intent.to_json(write=token)).options(**self.table_properties))
+        if path == self.target and self.target_options:
+            writer = writer.options(**self.target_options)
         if partition_by:
             writer = writer.partitionBy(*partition_by)
         try:

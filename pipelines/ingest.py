@@ -8,6 +8,7 @@ step that matters for exactly-once.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -24,14 +25,19 @@ from offsets.ledger import Intent
 from offsets.protocol import CommitProtocol
 from pipelines import transactions
 from pipelines.dedup import table_version
-from pipelines.transform import columns_ahead, frames
+from pipelines.evolution import SchemaChange, compare
+from pipelines.transform import columns_ahead, frames, good_schema
 from tidemark.config import PipelineConfig, TidemarkConfig
-from tidemark.errors import ConfigError, TidemarkError
+from tidemark.errors import ConfigError, TidemarkError, TransientError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
+
+#: Delta's refusals of an append whose schema does not match the table's (another writer changed it
+#: after :meth:`IngestJob._evolve` looked).
+_SCHEMA_MOVED = re.compile(r"DELTA_METADATA_MISMATCH|DELTA_FAILED_TO_MERGE_FIELDS")
 
 #: The longest a follower waits between probes of a Kafka that does not answer (1, 2, 4 ... s before).
 OUTAGE_MAX_WAIT_SECONDS = 30.0
@@ -90,6 +96,8 @@ class IngestJob:
         self._marks: list[tuple[str, float]] = []
         self.fetching_at: float | None = None
         """Wall-clock time the first batch of this job started planning: no record is fetched before it."""
+        self.schema_change: SchemaChange | None = None
+        """What this job's batches do to the target's schema (None: not checked yet; :meth:`_evolve`)."""
 
     def _decide(self, intent: Intent, last: Intent | None, bounds: Mapping[TP, PartitionBounds]) -> Intent:
         """Step 2's decisions (see offsets.protocol): G3 by a cut or a guard, then dedup's table version."""
@@ -206,7 +214,46 @@ class IngestJob:
                 admin, self._admin, self._manifest_reads = self._admin, None, None
                 admin.close()
 
+    def _evolve(self) -> None:
+        """Check the batch's schema against the target's once, before this job's first batch (a
+        replay's included): stop on a change the pipeline's ``schema_evolution`` refuses, before
+        anything is claimed; else let step 4 write the change in the batch's own commit."""
+        if self.schema_change is not None:
+            return
+        from offsets.tables import delta_table_exists
+
+        pipeline = self.pipeline
+        if not delta_table_exists(self.spark, pipeline.target):
+            self.schema_change = SchemaChange()  # the first batch creates it with its own schema
+            return
+        table = self.spark.read.format("delta").load(pipeline.target).schema
+        change = compare(table, good_schema(self.spark, self.kafka_options, pipeline), pipeline.schema_evolution,
+                         pipeline=pipeline.name, target=pipeline.target, partition_by=pipeline.partition_by)
+        if change.widened:
+            self._allow_widening()
+        if change.alters_table or change.kept:
+            log.warning("pipeline %s: the batch's schema %s; the next batch's commit changes the target's schema "
+                        "with its rows", pipeline.name, change.describe())
+        if change.alters_table:
+            self.protocol.target_options = {"mergeSchema": "true"}
+        self.schema_change = change
+
+    def _allow_widening(self) -> None:
+        """Turn on Delta's type widening on the target, unless it is on (a commit of its own, which
+        changes no schema and no data: a crash after it leaves only the feature on)."""
+        from delta.tables import DeltaTable
+
+        target = self.pipeline.target
+        detail = DeltaTable.forPath(self.spark, target).detail().select("properties").first()
+        if detail is not None and str(detail[0].get("delta.enableTypeWidening", "")).lower() == "true":
+            return
+        log.warning("pipeline %s: turning on Delta's type widening on %s (delta.enableTypeWidening); its readers "
+                    "need type widening support (delta-spark 3.3 or later)", self.pipeline.name, target)
+        quoted = target.replace("`", "``")
+        self.spark.sql(f"ALTER TABLE delta.`{quoted}` SET TBLPROPERTIES ('delta.enableTypeWidening' = 'true')")
+
     def _run_to(self, bounds: Mapping[TP, PartitionBounds], stop: threading.Event | None) -> IngestReport:
+        self._evolve()
         report = IngestReport()
         while not (stop and stop.is_set()):
             started = time.monotonic()
@@ -216,6 +263,12 @@ class IngestJob:
                     bounds, self._new_partition_starts, self.pipeline.max_records_per_batch,
                     max_bytes=self.pipeline.max_bytes_per_batch, sizes=self._sizes)
             except Exception as exc:
+                if not isinstance(exc, TidemarkError) and _SCHEMA_MOVED.search(str(exc)):
+                    self.schema_change = None  # checked again by the next run
+                    raise TransientError(
+                        f"pipeline {self.pipeline.name!r}: the target's schema changed while this run wrote to "
+                        f"{self.pipeline.target} (another writer), so its batch was not committed. Run again: the next "
+                        "run checks the new schema first, then writes the batch") from exc
                 refusal = None if isinstance(exc, TidemarkError) else spark_refusal(exc, self.client_config)
                 if refusal is None:
                     raise

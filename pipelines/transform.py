@@ -42,6 +42,7 @@ from tidemark.errors import ConfigError
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
 log = logging.getLogger(__name__)
 
@@ -316,6 +317,15 @@ def _frame_columns(spark: SparkSession, pipeline: PipelineConfig) -> FrameColumn
         good=[*payload, *(lineage[c] for c in pipeline.lineage), F.col("_event_id").alias(EVENT_ID_COLUMN)],
         ingested=F.col("_ingested_at").alias("_tidemark_ingested_at"), bad=bad,
         is_good=F.col(ERROR_COLUMN).isNull(), is_bad=F.col(ERROR_COLUMN).isNotNull())
+
+
+def good_schema(spark: SparkSession, kafka_options: dict[str, str], pipeline: PipelineConfig) -> StructType:
+    """The schema of the rows ``pipeline``'s batches append to its target (analysed, no job run)."""
+    from datetime import UTC, datetime
+
+    probe = Intent(pipeline=pipeline.name, batch_id=0, writer="schema", planned_at=datetime.now(UTC), ranges=())
+    built = frames(spark, kafka_options, pipeline, probe)
+    return built.good(built.check(built.read, None)).schema
 
 
 def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: PipelineConfig, intent: Intent,

@@ -264,6 +264,12 @@ class PipelineConfig(BaseModel):
     """``json``: parse values against ``schema``; ``raw``: keep value bytes as they are."""
     schema_ddl: str | None = Field(default=None, alias="schema")
     """Spark DDL of the JSON payload, e.g. ``order_id STRING, amount DECIMAL(12,2)``."""
+    schema_evolution: Literal["additive", "strict"] = "additive"
+    """What a change of the batch's columns against the target's does (``pipelines.evolution``).
+    ``additive``: a new field becomes a new column, a removed one stays (null from then on), a
+    widening Delta makes by itself (int→bigint, float→double) widens the column, each in the
+    batch's own commit; any other change stops the pipeline, writing nothing. ``strict``: any
+    change stops it."""
     lineage: tuple[LineageColumn, ...] = ("topic", "partition", "offset", "timestamp", "key", "batch_id")
     """Kafka facts added as ``_kafka_<name>`` columns (``_tidemark_batch_id`` for batch_id)."""
     partition_by: tuple[str, ...] = ()
