@@ -84,11 +84,24 @@ def _hadoop_checksum(data: bytes) -> bytes:
         struct.pack(">I", zlib.crc32(data[i:i + 512])) for i in range(0, len(data), 512))
 
 
+def _as_object(path: Path) -> None:
+    """On ``--s3``: give a file written straight into the server's directory the MD5 its store keeps
+    as an object's ETag (an extended attribute), which S3A's change detection requires of every
+    object it reads. Hard links share it with their file. (Java names the attribute
+    ``user.content-md5`` in the ``user`` namespace, so Linux stores it with the prefix twice.)"""
+    if S3_BACKEND:
+        import hashlib
+
+        os.setxattr(path, "user.user.content-md5", hashlib.md5(path.read_bytes()).digest())
+
+
 def _write_log_entry(path: Path, data: bytes) -> None:
     """A ``_delta_log`` file and Hadoop's checksum beside it: what a real commit leaves on a local path
     (S3A writes no checksum files)."""
     path.write_bytes(data)
-    if not S3_BACKEND:
+    if S3_BACKEND:
+        _as_object(path)
+    else:
         path.with_name(f".{path.name}.crc").write_bytes(_hadoop_checksum(data))
 
 
@@ -115,6 +128,7 @@ class Template:
         for add in self.adds:
             self.files[add["path"]] = keep / Path(add["path"]).name
             shutil.copyfile(_local(table) / add["path"], self.files[add["path"]])
+            _as_object(self.files[add["path"]])  # and so every hard link of it
         self.rows = {a["path"]: pq.read_table(self.files[a["path"]], coerce_int96_timestamp_unit="us")
                      for a in self.adds} if ledger else {}
         self.int96 = ledger and any("INT96" in str(pq.ParquetFile(f).schema) for f in self.files.values())
@@ -149,6 +163,7 @@ class Template:
                     data = data.set_column(data.schema.get_field_index("batch_id"), "batch_id",
                                            pa.array([batch] * data.num_rows, pa.int64()))
                     pq.write_table(data, _local(table) / name, use_deprecated_int96_timestamps=self.int96)
+                    _as_object(_local(table) / name)
                     stats = json.loads(add["stats"])
                     stats["minValues"]["batch_id"] = stats["maxValues"]["batch_id"] = batch
                     new["stats"] = json.dumps(stats, separators=(",", ":"))

@@ -104,6 +104,7 @@ class Backfill:
         # A stored batch's dedup decisions name a version of the pipeline's own table.
         self._check_dedup_versions(intents)
         job = self._job(dedup_table=self.source.target)
+        job.evolve_schema()  # as a run's first batch does (pipelines.evolution)
         report = IngestReport()
         with KafkaAdmin(job.client_config) as admin:
             for intent in intents:

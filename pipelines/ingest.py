@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: Delta's refusals of an append whose schema does not match the table's (another writer changed it
-#: after :meth:`IngestJob._evolve` looked).
+#: after :meth:`IngestJob.evolve_schema` looked).
 _SCHEMA_MOVED = re.compile(r"DELTA_METADATA_MISMATCH|DELTA_FAILED_TO_MERGE_FIELDS")
 
 #: The longest a follower waits between probes of a Kafka that does not answer (1, 2, 4 ... s before).
@@ -97,7 +97,7 @@ class IngestJob:
         self.fetching_at: float | None = None
         """Wall-clock time the first batch of this job started planning: no record is fetched before it."""
         self.schema_change: SchemaChange | None = None
-        """What this job's batches do to the target's schema (None: not checked yet; :meth:`_evolve`)."""
+        """What this job's batches do to the target's schema (None: not checked yet; :meth:`evolve_schema`)."""
 
     def _decide(self, intent: Intent, last: Intent | None, bounds: Mapping[TP, PartitionBounds]) -> Intent:
         """Step 2's decisions (see offsets.protocol): G3 by a cut or a guard, then dedup's table version."""
@@ -214,7 +214,7 @@ class IngestJob:
                 admin, self._admin, self._manifest_reads = self._admin, None, None
                 admin.close()
 
-    def _evolve(self) -> None:
+    def evolve_schema(self) -> None:
         """Check the batch's schema against the target's once, before this job's first batch (a
         replay's included): stop on a change the pipeline's ``schema_evolution`` refuses, before
         anything is claimed; else let step 4 write the change in the batch's own commit."""
@@ -253,7 +253,7 @@ class IngestJob:
         self.spark.sql(f"ALTER TABLE delta.`{quoted}` SET TBLPROPERTIES ('delta.enableTypeWidening' = 'true')")
 
     def _run_to(self, bounds: Mapping[TP, PartitionBounds], stop: threading.Event | None) -> IngestReport:
-        self._evolve()
+        self.evolve_schema()
         report = IngestReport()
         while not (stop and stop.is_set()):
             started = time.monotonic()
