@@ -3,7 +3,8 @@
 ``infra/jars/pom.xml`` names the artifacts in profiles: ``kafka`` (the broker's
 classpath), ``spark`` (the jars a Spark session loads: spark-sql-kafka, delta-spark,
 delta-storage), and, only with ``TIDEMARK_STORAGE=s3``, ``s3`` (hadoop-aws and the AWS SDK
-modules S3A needs) and ``s3proxy`` (the embedded S3 server). Each profile is copied into
+modules S3A needs) and ``s3proxy`` (the embedded S3 server), and, only when the stack runs a
+schema registry, ``registry`` (Apicurio Registry's archive). Each profile is copied into
 ``<home>/jars/<profile>-<pom hash>/`` with a Maven repository private to Tidemark, so a changed pom re-resolves and an unchanged one
 never touches the network again. Spark jars that pyspark already ships (Scala, Jackson,
 Hadoop...) are left out so the session sees one copy of each library.
@@ -23,7 +24,7 @@ from typing import Literal
 
 from tidemark.errors import JarsMissingError, MissingToolError
 
-Profile = Literal["kafka", "spark", "s3", "s3proxy"]
+Profile = Literal["kafka", "spark", "s3", "s3proxy", "registry"]
 #: Profiles whose jars join a Spark session's: pyspark's own copies of a library win.
 SPARK_PROFILES = ("spark", "s3")
 

@@ -134,6 +134,28 @@ class Seek:
 
 
 @dataclass(frozen=True)
+class Schemas:
+    """``format: avro``: the schemas a batch is decoded with, fixed when it is planned, so that a
+    replay after a crash decodes the same records into the same rows (ids never change what they
+    name in a registry)."""
+
+    subject: str
+    writers: tuple[int, ...]
+    """The ids of the subject's versions when the batch was planned, after its LSO snapshot: every
+    record below that LSO was written with a schema registered before it, so a record's id
+    that is not here is not a version of the subject."""
+    reader: int
+    """The id every record is read into: the subject's newest version then."""
+
+    def to_dict(self) -> dict[str, object]:
+        return {"subject": self.subject, "writers": list(self.writers), "reader": self.reader}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Schemas:
+        return cls(str(data["subject"]), tuple(int(i) for i in data["writers"]), int(data["reader"]))
+
+
+@dataclass(frozen=True)
 class Intent:
     pipeline: str
     batch_id: int
@@ -158,6 +180,8 @@ class Intent:
     write is guarded against any transaction they do not list), and where the next batch reads from."""
     seek: Seek | None = None
     """An operator's seek: this batch reads nothing, and its ends are where the next batch starts."""
+    schemas: Schemas | None = None
+    """``format: avro``: the writer and reader schemas the batch decodes with."""
 
     def ends(self) -> dict[TP, int]:
         return {r.tp: r.end for r in self.ranges}
@@ -191,6 +215,8 @@ class Intent:
             decisions["manifest"] = list(self.manifest)
         if self.seek is not None:
             decisions["seek"] = self.seek.to_dict()
+        if self.schemas is not None:
+            decisions["schemas"] = self.schemas.to_dict()
         return json.dumps(decisions, separators=(",", ":"), sort_keys=True)
 
     def starts_waiting(self, last: Intent | None) -> bool:
@@ -400,6 +426,7 @@ def _intent(row: Mapping[str, Any]) -> Intent:
         waiting={txn: Wait.from_dict(w) for txn, w in (decisions.get("waiting") or {}).items()},
         manifest=tuple(decisions["manifest"]) if decisions.get("manifest") else None,  # type: ignore[arg-type]
         seek=Seek.from_dict(decisions["seek"]) if decisions.get("seek") else None,
+        schemas=Schemas.from_dict(decisions["schemas"]) if decisions.get("schemas") else None,
     )
 
 

@@ -19,16 +19,18 @@ from typing import TYPE_CHECKING
 from connectors.admin import TP, KafkaAdmin, PartitionBounds
 from connectors.kafka_config import librdkafka_config, spark_options
 from connectors.preflight import spark_refusal
+from connectors.registry import Registry
 from connectors.sizes import bytes_per_offset
 from offsets.frames import BatchResult
-from offsets.ledger import Intent
+from offsets.ledger import Intent, Schemas
 from offsets.protocol import CommitProtocol
-from pipelines import transactions
+from pipelines import avro, transactions
 from pipelines.dedup import table_version
 from pipelines.evolution import SchemaChange, compare
 from pipelines.transform import columns_ahead, frames, good_schema
 from tidemark.config import PipelineConfig, TidemarkConfig
-from tidemark.errors import ConfigError, TidemarkError, TransientError
+from tidemark.errors import ConfigError, RegistryUnavailableError, TidemarkError, TransientError
+from tidemark.settings import load_settings
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -84,15 +86,24 @@ class IngestJob:
         """The admin client this run's snapshots share (:meth:`_run_scope`)."""
         self._listed: dict[int, transactions.RelayRanges] = {}
         """Per batch cut from the manifest: what it listed (its write's guard lets those transactions be)."""
+        self.registry = Registry(config.schema_registry, load_settings()) if pipeline.format == "avro" else None
+        """Where a ``format: avro`` pipeline's schemas are read (:mod:`pipelines.avro`)."""
+        self._checked_schemas: Schemas | None = None
+        """The newest batch schemas checked against the target (:meth:`_check_schemas`)."""
         self.protocol = CommitProtocol(
             spark, pipeline=pipeline.name, target=pipeline.target, quarantine=pipeline.quarantine_path,
             ledger=pipeline.ledger_path, partition_by=pipeline.partition_by, decide=self._decide, revise=self._revise,
             build_frames=lambda intent: frames(spark, self.kafka_options, pipeline, intent,
-                                               dedup_table=self.dedup_table, listed=self._listed_for(intent)),
+                                               dedup_table=self.dedup_table, listed=self._listed_for(intent),
+                                               registry=self.registry),
             table_properties=pipeline.maintenance.table_properties(),
             checkpoint_every=pipeline.maintenance.checkpoint_interval,
         )
         self.protocol.on_step = self._reached
+        if self.registry is not None:
+            # A batch's new schema was checked when it was planned (before its claim), its
+            # replay's too: every append may evolve the table (pipelines.evolution).
+            self.protocol.target_options = {"mergeSchema": "true"}
         self._marks: list[tuple[str, float]] = []
         self.fetching_at: float | None = None
         """Wall-clock time the first batch of this job started planning: no record is fetched before it."""
@@ -117,6 +128,9 @@ class IngestJob:
             else:
                 intent = transactions.cut(self.client_config, self.pipeline, intent, bounds, last)
         self.held = intent.held
+        if self.registry is not None:
+            intent = replace(intent, schemas=avro.plan(self.registry, self.pipeline))
+            self._check_schemas(intent.schemas)
         if self.pipeline.dedup is not None:
             intent = replace(intent, dedup_version=table_version(self.spark, self.dedup_table))
         return intent
@@ -223,8 +237,10 @@ class IngestJob:
         from offsets.tables import delta_table_exists
 
         pipeline = self.pipeline
-        if not delta_table_exists(self.spark, pipeline.target):
-            self.schema_change = SchemaChange()  # the first batch creates it with its own schema
+        if pipeline.format == "avro" or not delta_table_exists(self.spark, pipeline.target):
+            # No table yet: the first batch creates it with its own schema. Avro: each batch's
+            # schemas are checked when it is planned (:meth:`_check_schemas`).
+            self.schema_change = SchemaChange()
             return
         table = self.spark.read.format("delta").load(pipeline.target).schema
         change = compare(table, good_schema(self.spark, self.kafka_options, pipeline), pipeline.schema_evolution,
@@ -237,6 +253,27 @@ class IngestJob:
         if change.alters_table:
             self.protocol.target_options = {"mergeSchema": "true"}
         self.schema_change = change
+
+    def _check_schemas(self, schemas: Schemas | None) -> None:
+        """``format: avro``: a batch's reader schema against the target's, before its claim (once per
+        new set of schemas); stops on a change ``schema_evolution`` refuses."""
+        from offsets.tables import delta_table_exists
+
+        if schemas is None or schemas == self._checked_schemas:
+            return
+        pipeline = self.pipeline
+        if delta_table_exists(self.spark, pipeline.target):
+            table = self.spark.read.format("delta").load(pipeline.target).schema
+            batch = good_schema(self.spark, self.kafka_options, pipeline, schemas, self.registry)
+            change = compare(table, batch, pipeline.schema_evolution, pipeline=pipeline.name, target=pipeline.target,
+                             partition_by=pipeline.partition_by)
+            if change.widened:
+                self._allow_widening()
+            if change.alters_table or change.kept:
+                log.warning("pipeline %s: schema id %d of subject %s %s; the next batch's commit changes the "
+                            "target's schema with its rows", pipeline.name, schemas.reader, schemas.subject,
+                            change.describe())
+        self._checked_schemas = schemas
 
     def _allow_widening(self) -> None:
         """Turn on Delta's type widening on the target, unless it is on (a commit of its own, which
@@ -313,17 +350,20 @@ class IngestJob:
         columns_ahead(self.spark, self.pipeline)
         report = IngestReport()
         waits = 0
+        waiting_for = "Kafka"
         with self._run_scope():
             try:
                 while not stop.is_set():
                     try:
                         step = self.run_to(self.snapshot(), stop)
                     except Exception as exc:
-                        lost = self._kafka_lost(exc)
+                        registry = isinstance(exc, RegistryUnavailableError)
+                        lost = str(exc) if registry else self._kafka_lost(exc)
                         if lost is None:
                             raise
                         waits += 1
-                        if waits == 1:
+                        waiting_for = "the schema registry" if registry else "Kafka"
+                        if waits == 1 and not registry:
                             self._outage(True)
                         pause = min(OUTAGE_MAX_WAIT_SECONDS, 2.0 ** min(waits, 5))
                         log.warning("%s; waiting %.0f s, then the batch in flight is recovered and tried again "
@@ -332,8 +372,9 @@ class IngestJob:
                         stop.wait(pause)
                         continue
                     if waits:
-                        log.warning("Kafka answers again after %d outage wait(s); going on", waits)
-                        self._outage(False)
+                        log.warning("%s answers again after %d outage wait(s); going on", waiting_for, waits)
+                        if waiting_for == "Kafka":
+                            self._outage(False)
                         waits = 0
                     report.batches += step.batches
                     if not step.batches:

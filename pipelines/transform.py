@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING
 from connectors.kafka_config import fingerprint
 from offsets.cut import RelayRanges
 from offsets.frames import ERROR_COLUMN, BatchFrames, Guard, guarded_error
-from offsets.ledger import Intent
+from offsets.ledger import Intent, Schemas
+from pipelines.avro import decode_columns
 from pipelines.dedup import EVENT_ID_COLUMN, flag_duplicates
 from pipelines.transactions.headers import (
     HEADERS_COLUMN,
@@ -43,6 +44,8 @@ from tidemark.errors import ConfigError
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
+
+    from connectors.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -167,8 +170,10 @@ class FrameColumns:
 
 
 #: Per session, the :class:`FrameColumns` of each pipeline configuration a job built them for
-#: (a future: :func:`columns_ahead` may still be building them).
-_KEPT_COLUMNS: weakref.WeakKeyDictionary[SparkSession, dict[PipelineConfig, Future[FrameColumns]]] = (
+#: (a future: :func:`columns_ahead` may still be building them), and for ``format: avro`` of
+#: each set of schemas its batches decode with.
+_Key = tuple[PipelineConfig, Schemas | None]
+_KEPT_COLUMNS: weakref.WeakKeyDictionary[SparkSession, dict[_Key, Future[FrameColumns]]] = (
     weakref.WeakKeyDictionary())
 _KEPT_LOCK = threading.Lock()
 
@@ -176,8 +181,10 @@ _KEPT_LOCK = threading.Lock()
 KEPT_COLUMNS_PER_SESSION = 64
 
 
-def frame_columns(spark: SparkSession, pipeline: PipelineConfig) -> FrameColumns:
-    """:class:`FrameColumns` of ``pipeline`` in ``spark`` (whose functions decide some of them).
+def frame_columns(spark: SparkSession, pipeline: PipelineConfig, schemas: Schemas | None = None,
+                  registry: Registry | None = None) -> FrameColumns:
+    """:class:`FrameColumns` of ``pipeline`` in ``spark`` (whose functions decide some of them);
+    for ``format: avro``, of the batch's ``schemas``, read from ``registry``.
 
     Built once per session and configuration: a served driver's scheduled runs, each a new
     job, then skip the hundred-odd py4j round trips (0.05-0.1 s of a G3 run's step 4,
@@ -185,8 +192,9 @@ def frame_columns(spark: SparkSession, pipeline: PipelineConfig) -> FrameColumns
     build :func:`columns_ahead` started is waited for, not repeated; a failed one is not
     kept, so its error reaches every caller waiting for it and the next call builds again.
     """
-    future, mine = _claim_columns(spark, pipeline)
-    return _build_columns(spark, pipeline, future) if mine else future.result()
+    key = (pipeline, schemas)
+    future, mine = _claim_columns(spark, key)
+    return _build_columns(spark, key, future, registry) if mine else future.result()
 
 
 def columns_ahead(spark: SparkSession, pipeline: PipelineConfig) -> None:
@@ -196,15 +204,19 @@ def columns_ahead(spark: SparkSession, pipeline: PipelineConfig) -> None:
     4's pass is prepared while the claim commits, and a G3 pipeline's took longer than the
     claim (0.06 s of its 0.14 s prepare against plain's 0.03 s of 0.08 s; measured on 2 cores). Started before the job's LSO snapshot, the build overlaps that, step 1 and
     step 2 (the manifest read), which wait on Kafka and Delta. A failure is left for the
-    batch's own call, which raises it.
+    batch's own call, which raises it. (Not for ``format: avro``, whose columns wait for the
+    batch's schemas.)
     """
-    future, mine = _claim_columns(spark, pipeline)
+    if pipeline.format == "avro":
+        return
+    key = (pipeline, None)
+    future, mine = _claim_columns(spark, key)
     if not mine:
         return
 
     def build() -> None:
         try:
-            _build_columns(spark, pipeline, future)
+            _build_columns(spark, key, future, None)
         except Exception as error:  # noqa: BLE001 - not kept: the batch's own call builds again and raises it
             log.debug("building %s's columns ahead failed (%s); the batch's call raises it", pipeline.name, error)
 
@@ -212,33 +224,35 @@ def columns_ahead(spark: SparkSession, pipeline: PipelineConfig) -> None:
     threading.Thread(target=build, daemon=True, name=f"tidemark-columns-{pipeline.name}").start()
 
 
-def _claim_columns(spark: SparkSession, pipeline: PipelineConfig) -> tuple[Future[FrameColumns], bool]:
-    """The kept (or under way) columns of ``pipeline``, or a new entry the caller must build (True)."""
+def _claim_columns(spark: SparkSession, key: _Key) -> tuple[Future[FrameColumns], bool]:
+    """The kept (or under way) columns of ``key``, or a new entry the caller must build (True)."""
     with _KEPT_LOCK:
         kept = _KEPT_COLUMNS.setdefault(spark, {})
-        future = kept.get(pipeline)
+        future = kept.get(key)
         if future is not None:
             return future, False
         if len(kept) >= KEPT_COLUMNS_PER_SESSION:
             kept.clear()
-        future = kept[pipeline] = Future()
+        future = kept[key] = Future()
         return future, True
 
 
-def _build_columns(spark: SparkSession, pipeline: PipelineConfig, future: Future[FrameColumns]) -> FrameColumns:
+def _build_columns(spark: SparkSession, key: _Key, future: Future[FrameColumns],
+                   registry: Registry | None) -> FrameColumns:
     try:
-        columns = _frame_columns(spark, pipeline)
+        columns = _frame_columns(spark, key[0], key[1], registry)
     except BaseException as error:  # every waiter gets it; the entry goes, so the next call builds again
         with _KEPT_LOCK:
-            if _KEPT_COLUMNS.get(spark, {}).get(pipeline) is future:
-                del _KEPT_COLUMNS[spark][pipeline]
+            if _KEPT_COLUMNS.get(spark, {}).get(key) is future:
+                del _KEPT_COLUMNS[spark][key]
         future.set_exception(error)
         raise
     future.set_result(columns)
     return columns
 
 
-def _frame_columns(spark: SparkSession, pipeline: PipelineConfig) -> FrameColumns:
+def _frame_columns(spark: SparkSession, pipeline: PipelineConfig, schemas: Schemas | None,
+                   registry: Registry | None) -> FrameColumns:
     from pyspark.sql import functions as F
     from pyspark.sql.types import BooleanType, StringType, StructField, StructType
 
@@ -276,6 +290,12 @@ def _frame_columns(spark: SparkSession, pipeline: PipelineConfig) -> FrameColumn
                            .when(F.col(f"_parsed.{_CORRUPT}").isNotNull(),
                                  F.lit(f"value does not parse as JSON matching the schema: {pipeline.schema_ddl}")))
         payload = [F.col(f"_parsed.`{f.name}`").alias(f.name) for f in schema.fields]
+    elif pipeline.format == "avro":
+        if schemas is None or registry is None:
+            raise ConfigError(f"pipeline {pipeline.name!r}: batch without its Avro schemas (planned before the "
+                              "pipeline was `format: avro`?); move the pipeline past it with `tidemark offsets seek`")
+        first["_parsed"], error, fields = decode_columns(registry, schemas)
+        payload = [F.col(f"_parsed.`{name}`").alias(name) for name in fields]
     else:
         error = value_error
         payload = [F.col("value")]
@@ -319,22 +339,27 @@ def _frame_columns(spark: SparkSession, pipeline: PipelineConfig) -> FrameColumn
         is_good=F.col(ERROR_COLUMN).isNull(), is_bad=F.col(ERROR_COLUMN).isNotNull())
 
 
-def good_schema(spark: SparkSession, kafka_options: dict[str, str], pipeline: PipelineConfig) -> StructType:
-    """The schema of the rows ``pipeline``'s batches append to its target (analysed, no job run)."""
+def good_schema(spark: SparkSession, kafka_options: dict[str, str], pipeline: PipelineConfig,
+                schemas: Schemas | None = None, registry: Registry | None = None) -> StructType:
+    """The schema of the rows ``pipeline``'s batches (of ``schemas``, for ``format: avro``) append to
+    its target (analysed, no job run)."""
     from datetime import UTC, datetime
 
-    probe = Intent(pipeline=pipeline.name, batch_id=0, writer="schema", planned_at=datetime.now(UTC), ranges=())
-    built = frames(spark, kafka_options, pipeline, probe)
+    probe = Intent(pipeline=pipeline.name, batch_id=0, writer="schema", planned_at=datetime.now(UTC), ranges=(),
+                   schemas=schemas)
+    built = frames(spark, kafka_options, pipeline, probe, registry=registry)
     return built.good(built.check(built.read, None)).schema
 
 
 def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: PipelineConfig, intent: Intent,
-           *, dedup_table: str | None = None, listed: RelayRanges = ()) -> BatchFrames:
+           *, dedup_table: str | None = None, listed: RelayRanges = (),
+           registry: Registry | None = None) -> BatchFrames:
     """The batch's frames; ``dedup_table`` is where dedup looks ids up (default: the target);
-    ``listed``: what a manifest cut listed for it (the guard lets those transactions be)."""
+    ``listed``: what a manifest cut listed for it (the guard lets those transactions be);
+    ``registry``: where a ``format: avro`` batch's schemas are read."""
     from pyspark.sql import functions as F
 
-    cols = frame_columns(spark, pipeline)  # kept per session and configuration
+    cols = frame_columns(spark, pipeline, intent.schemas, registry)  # kept per session and configuration
     constant = cols.constant
 
     def check(read: DataFrame, guarded: Guard | None) -> DataFrame:

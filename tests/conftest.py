@@ -99,6 +99,28 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def schema_registry(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real schema registry (the embedded Apicurio Registry), shared by the session: its URL.
+    Pipelines reach it through ``TIDEMARK_REGISTRY__PORT``, as the embedded stack's do."""
+    from infra.registry import EmbeddedRegistry
+    from tests.stack_fixtures import free_port_block
+
+    port = free_port_block(2, start=28100)
+    registry = EmbeddedRegistry(tmp_path_factory.mktemp("registry"), settings.home_dir, port=port,
+                                java=settings.registry.java)
+    before = os.environ.get("TIDEMARK_REGISTRY__PORT")
+    os.environ["TIDEMARK_REGISTRY__PORT"] = str(port)
+    try:
+        yield registry.start()
+    finally:
+        registry.stop()
+        if before is None:
+            os.environ.pop("TIDEMARK_REGISTRY__PORT", None)
+        else:
+            os.environ["TIDEMARK_REGISTRY__PORT"] = before
+
+
 @pytest.fixture
 def delta_path(tmp_path: Path) -> str:
     return str(tmp_path / "table")

@@ -110,6 +110,56 @@ class KafkaSecurity(BaseModel):
         return None
 
 
+class SchemaRegistryConfig(BaseModel):
+    """The schema registry ``format: avro`` pipelines decode with (Confluent's API: Confluent,
+    Karapace, Apicurio's ``/apis/ccompat/v7``). Unset ``url``: the embedded registry
+    (``TIDEMARK_REGISTRY__PORT``). The password, like Kafka's, may come from a file or the
+    environment instead of this file."""
+
+    model_config = _MODEL
+
+    url: str | None = None
+    basic_auth_username: str | None = None
+    basic_auth_password: SecretStr | None = None
+    basic_auth_password_file: Path | None = None
+    basic_auth_password_env: str | None = None
+    ssl_ca_location: Path | None = None
+    """PEM file of the CA that signed the registry's certificate (default: the system's CAs)."""
+    ssl_certificate_location: Path | None = None
+    ssl_key_location: Path | None = None
+
+    @model_validator(mode="after")
+    def _complete(self) -> SchemaRegistryConfig:
+        given = [n for n in ("basic_auth_password", "basic_auth_password_file", "basic_auth_password_env")
+                 if getattr(self, n) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give one of {', '.join(given)}, not several")
+        if given and self.basic_auth_username is None:
+            raise ValueError("a basic auth password needs basic_auth_username")
+        if (self.ssl_certificate_location is None) != (self.ssl_key_location is None):
+            raise ValueError("mutual TLS needs both ssl_certificate_location and ssl_key_location")
+        return self
+
+    def password(self) -> str | None:
+        """The basic auth password, read now (a rotated file is seen), or None."""
+        if self.basic_auth_password is not None:
+            return self.basic_auth_password.get_secret_value()
+        if self.basic_auth_password_file is not None:
+            try:
+                return self.basic_auth_password_file.expanduser().read_text().strip()
+            except OSError as exc:
+                raise ConfigError(f"schema_registry.basic_auth_password_file: cannot read "
+                                  f"{self.basic_auth_password_file} ({exc.strerror}); fix the path or the "
+                                  "file's permissions") from None
+        env = self.basic_auth_password_env
+        if env is not None:
+            if env not in os.environ:
+                raise ConfigError(f"schema_registry.basic_auth_password_env names {env}, which is not set; "
+                                  f"export {env} before running Tidemark")
+            return os.environ[env]
+        return None
+
+
 class KafkaConnection(BaseModel):
     model_config = _MODEL
 
@@ -260,8 +310,13 @@ class PipelineConfig(BaseModel):
     """Delta table path (local path or object-store URI)."""
     quarantine: str | None = None
     """Delta table for records that fail parsing; default ``<target>_quarantine``."""
-    format: Literal["json", "raw"] = "json"
-    """``json``: parse values against ``schema``; ``raw``: keep value bytes as they are."""
+    format: Literal["json", "raw", "avro"] = "json"
+    """``json``: parse values against ``schema``; ``raw``: keep value bytes as they are; ``avro``:
+    Confluent-framed Avro, decoded with each record's writer schema from ``schema_registry``
+    into the subject's newest version (``pipelines.avro``)."""
+    subject: str | None = None
+    """``avro``: the registry subject whose versions the records are written with (default
+    ``<topic>-value``, Confluent's TopicNameStrategy, for a pipeline of one topic)."""
     schema_ddl: str | None = Field(default=None, alias="schema")
     """Spark DDL of the JSON payload, e.g. ``order_id STRING, amount DECIMAL(12,2)``."""
     schema_evolution: Literal["additive", "strict"] = "additive"
@@ -314,11 +369,22 @@ class PipelineConfig(BaseModel):
                 raise ValueError(f"topic_pattern is not a valid regex: {exc}") from None
         if self.format == "json" and not self.schema_ddl:
             raise ValueError("format json needs `schema` (Spark DDL), or use format: raw")
-        if self.event_id.startswith("field:") and self.format != "json":
-            raise ValueError("event_id field:<name> needs format json; use header:<name> or key")
+        if self.event_id.startswith("field:") and self.format == "raw":
+            raise ValueError("event_id field:<name> needs format json or avro; use header:<name> or key")
+        if self.format == "avro":
+            if self.schema_ddl:
+                raise ValueError("format avro takes its schema from the registry: remove `schema`")
+            if self.subject is None and len(self.topics) != 1:
+                raise ValueError("format avro reads one subject: give `subject`, or read one topic "
+                                 "(its subject is <topic>-value)")
         if self.transactions.atomic and not {"topic", "partition", "offset"} <= set(self.lineage):
             raise ValueError("transactions.atomic needs the topic, partition and offset lineage columns")
         return self
+
+    @property
+    def registry_subject(self) -> str:
+        """The subject an ``avro`` pipeline decodes with."""
+        return self.subject or f"{self.topics[0]}-value"
 
     def in_scope(self, topic: str) -> bool:
         """Does this pipeline read ``topic``? (What a source transaction must deliver to it in full.)"""
@@ -436,6 +502,7 @@ class TidemarkConfig(BaseModel):
     model_config = _MODEL
 
     kafka: KafkaConnection = KafkaConnection()
+    schema_registry: SchemaRegistryConfig = SchemaRegistryConfig()
     postgres: PostgresConnection = PostgresConnection()
     relay: RelayConfig = RelayConfig()
     pipelines: tuple[PipelineConfig, ...] = ()

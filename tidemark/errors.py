@@ -66,6 +66,10 @@ class ServiceUnavailableError(TransientError):
     """A server did not answer in time; it may be starting or restarting."""
 
 
+class RegistryUnavailableError(ServiceUnavailableError):
+    """The schema registry did not answer: a batch that needs it waits (a follower retries)."""
+
+
 # --- Kafka access ----------------------------------------------------------------------
 
 

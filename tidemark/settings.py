@@ -103,6 +103,18 @@ class S3Settings(BaseModel):
     """Address buckets as ``endpoint/bucket`` (every S3-compatible server), not ``bucket.endpoint``."""
 
 
+class RegistrySettings(BaseModel):
+    """The embedded schema registry (``TIDEMARK_REGISTRY__*``), for ``format: avro`` pipelines whose
+    ``schema_registry.url`` is unset."""
+
+    model_config = _SECTION
+
+    port: Port = 18081
+    """Port of the embedded registry's API on 127.0.0.1 (its management interface takes the next)."""
+    java: Path | None = None
+    """The ``bin/java`` of a Java 21 or later to run it with (default: the first found)."""
+
+
 class Settings(BaseSettings):
     """Everything Tidemark reads from the environment."""
 
@@ -126,6 +138,7 @@ class Settings(BaseSettings):
     (docs/operations.md, "Object storage"). With ``s3`` and no ``s3.endpoint``, ``tidemark stack up``
     runs an embedded S3 server."""
     s3: S3Settings = S3Settings()
+    registry: RegistrySettings = RegistrySettings()
 
     @property
     def home_dir(self) -> Path:

@@ -1,0 +1,115 @@
+"""The schema registry, as ``format: avro`` pipelines ask it: a subject's versions and a schema by id.
+
+Over Confluent's API (Confluent, Karapace, Apicurio's ``/apis/ccompat/v7``) through
+confluent-kafka's client. A schema's id never changes what it names, so schemas are kept
+per registry and id for the life of the process. What the registry answers is turned into
+Tidemark's errors: a registry that does not answer (or answers 5xx) is transient — the
+batch waits and is retried, never decoded with a guessed schema and never quarantined for
+it; a refused login is terminal; an id or subject it does not know is an answer (None / no
+versions), which the caller decides about.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from tidemark.config import SchemaRegistryConfig
+from tidemark.errors import AccessDeniedError, RegistryUnavailableError
+from tidemark.settings import Settings
+
+#: ``(registry url, schema id)`` → the schema's text, for the life of the process.
+_SCHEMAS: dict[tuple[str, int], str] = {}
+#: ``(registry url, subject, version)`` → its schema id (a version, once registered, keeps its id).
+_VERSIONS: dict[tuple[str, str, int], int] = {}
+_LOCK = threading.Lock()
+
+
+def registry_url(config: SchemaRegistryConfig, settings: Settings) -> str:
+    """The configured registry, or the embedded one (``TIDEMARK_REGISTRY__PORT``)."""
+    return (config.url or f"http://127.0.0.1:{settings.registry.port}/apis/ccompat/v7").rstrip("/")
+
+
+def client_config(config: SchemaRegistryConfig, url: str) -> dict[str, Any]:
+    """confluent-kafka's ``SchemaRegistryClient`` settings (the password read now)."""
+    conf: dict[str, Any] = {"url": url, "timeout": 10, "max.retries": 1}
+    password = config.password()
+    if config.basic_auth_username is not None:
+        conf["basic.auth.user.info"] = f"{config.basic_auth_username}:{password or ''}"
+    if config.ssl_ca_location is not None:
+        conf["ssl.ca.location"] = str(config.ssl_ca_location)
+    if config.ssl_certificate_location is not None:
+        conf["ssl.certificate.location"] = str(config.ssl_certificate_location)
+        conf["ssl.key.location"] = str(config.ssl_key_location)
+    return conf
+
+
+@dataclass(frozen=True)
+class Version:
+    version: int
+    schema_id: int
+
+
+class Registry:
+    def __init__(self, config: SchemaRegistryConfig, settings: Settings) -> None:
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+
+        self.url = registry_url(config, settings)
+        self._client = SchemaRegistryClient(client_config(config, self.url))
+
+    def _ask(self, what: str, call: Any) -> Any:
+        """``call()``, its failures as Tidemark's errors; a 404 answers None."""
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+        try:
+            return call()
+        except SchemaRegistryError as error:
+            status = error.http_status_code
+            if status == 404:
+                return None
+            if status in (401, 403):
+                raise AccessDeniedError(f"the schema registry at {self.url} refused {what} (HTTP {status}): check "
+                                        "schema_registry.basic_auth_username and its password") from None
+            if status is not None and status < 500:
+                raise RegistryUnavailableError(f"the schema registry at {self.url} answered {what} with HTTP "
+                                              f"{status} ({error.error_message}); the batch waits") from None
+            raise RegistryUnavailableError(f"the schema registry at {self.url} failed {what} (HTTP {status}); "
+                                          "the batch waits and is tried again") from None
+        except Exception as error:  # noqa: BLE001 - httpx's and the OS's connection failures
+            raise RegistryUnavailableError(
+                f"the schema registry at {self.url} does not answer ({type(error).__name__}: {error}); the batch "
+                "waits and is tried again (schema_registry.url, or `tidemark stack up` for the embedded one)"
+            ) from None
+
+    def versions(self, subject: str) -> list[Version]:
+        """Every version of ``subject``, oldest first (none if the registry does not know it)."""
+        numbers = self._ask(f"the versions of subject {subject!r}", lambda: self._client.get_versions(subject))
+        found = []
+        for number in numbers or ():
+            with _LOCK:
+                known = _VERSIONS.get((self.url, subject, int(number)))
+            if known is not None:
+                found.append(Version(int(number), known))
+                continue
+            registered = self._ask(f"version {number} of subject {subject!r}",
+                                   lambda n=number: self._client.get_version(subject, n))
+            if registered is not None:
+                found.append(Version(int(registered.version), int(registered.schema_id)))
+                with _LOCK:
+                    _VERSIONS[(self.url, subject, int(registered.version))] = int(registered.schema_id)
+                    _SCHEMAS.setdefault((self.url, int(registered.schema_id)), registered.schema.schema_str)
+        return sorted(found, key=lambda v: v.version)
+
+    def schema(self, schema_id: int) -> str | None:
+        """The schema ``schema_id`` names (kept once read), or None if the registry does not know it."""
+        with _LOCK:
+            kept = _SCHEMAS.get((self.url, schema_id))
+        if kept is not None:
+            return kept
+        found = self._ask(f"schema id {schema_id}", lambda: self._client.get_schema(schema_id))
+        if found is None:
+            return None
+        with _LOCK:
+            _SCHEMAS[(self.url, schema_id)] = found.schema_str
+        return str(found.schema_str)
