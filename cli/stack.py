@@ -42,6 +42,9 @@ def cmd_stack_up(args: argparse.Namespace) -> int:
     s3 = stack.s3()
     if s3:
         print(f"  s3        {s3.endpoint} (bucket {s3.bucket}; credentials in {s3.credentials})")
+    registry = stack.registry()
+    if registry:
+        print(f"  registry  {registry.url} (compatibility BACKWARD; data in {registry.data})")
     if prefect:
         print(f"  prefect   {prefect} (UI {prefect.removesuffix('/api')})")
     print("next: `tidemark stack status`; stop with `tidemark stack down`")

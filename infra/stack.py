@@ -3,7 +3,8 @@
 Each service is embedded unless its setting points at an existing server: with
 ``TIDEMARK_KAFKA__BOOTSTRAP_SERVERS`` set no broker is started, with
 ``TIDEMARK_POSTGRES__DSN`` set no PostgreSQL is started, and an S3 server runs only with
-``TIDEMARK_STORAGE=s3`` and no ``TIDEMARK_S3__ENDPOINT``. Spark is always a library
+``TIDEMARK_STORAGE=s3`` and no ``TIDEMARK_S3__ENDPOINT``, and a schema registry only with
+``TIDEMARK_REGISTRY__ENABLED=true`` (for ``format: avro`` pipelines). Spark is always a library
 inside the calling process (``local[*]``) or a cluster named by ``TIDEMARK_SPARK__MASTER``.
 """
 
@@ -18,6 +19,7 @@ from infra import jars as jar_cache
 from infra.kafka import EmbeddedKafka
 from infra.postgres import EmbeddedPostgres
 from infra.prefect_server import EmbeddedPrefect
+from infra.registry import EmbeddedRegistry
 from infra.s3 import EmbeddedS3
 from tidemark.config import KafkaConnection, KafkaSecurity
 from tidemark.settings import Settings
@@ -76,6 +78,13 @@ class Stack:
         return EmbeddedS3(self.root / "s3", self.settings.home_dir, port=c.port, bucket=c.bucket,
                           credentials=self.settings.home_dir / EMBEDDED_CREDENTIALS)
 
+    def registry(self) -> EmbeddedRegistry | None:
+        """The embedded schema registry, with ``TIDEMARK_REGISTRY__ENABLED=true``."""
+        c = self.settings.registry
+        if not c.enabled:
+            return None
+        return EmbeddedRegistry(self.root / "registry", self.settings.home_dir, port=c.port, java=c.java)
+
     def prefect(self) -> EmbeddedPrefect | None:
         """The embedded Prefect server, unless ``PREFECT_API_URL`` names one."""
         if os.environ.get("PREFECT_API_URL"):
@@ -102,9 +111,9 @@ class Stack:
     def up(self) -> Endpoints:
         """Start what is embedded and not running yet; idempotent."""
         jar_cache.resolve(self.settings.home_dir, "spark")
-        started: list[EmbeddedPostgres | EmbeddedKafka | EmbeddedS3] = []
+        started: list[EmbeddedPostgres | EmbeddedKafka | EmbeddedS3 | EmbeddedRegistry] = []
         try:
-            for server in (self.s3(), self.postgres(), self.kafka()):
+            for server in (self.s3(), self.postgres(), self.kafka(), self.registry()):
                 if server:
                     server.start()
                     started.append(server)
@@ -127,6 +136,9 @@ class Stack:
         s3 = self.s3()
         if s3:
             s3.stop()
+        registry = self.registry()
+        if registry:
+            registry.stop()
 
     def status(self) -> list[tuple[str, str, str]]:
         """(component, version, where/state) rows for ``tidemark stack status``."""
@@ -156,11 +168,20 @@ class Stack:
                          .version_of("s3proxy").removesuffix("-jar-with-dependencies"), s3.describe()))
         elif self.settings.storage == "s3":
             rows.append(("S3 (external)", "-", str(self.settings.s3.endpoint)))
+        registry = self.registry()
+        if registry:
+            rows.append(("Schema registry (embedded Apicurio)", _apicurio_version(self.settings.home_dir),
+                         registry.describe()))
         v = versions(self.settings)
         rows.append(("Spark", v["pyspark"], self.settings.spark.master))
         rows.append(("Delta Lake", v["delta-spark (jar)"], f"python package {v['delta-spark (python)']}"))
         rows.append(("spark-sql-kafka", v["spark-sql-kafka (jar)"], "jar cache " + str(self.settings.home_dir / "jars")))
         return rows
+
+
+def _apicurio_version(home: Path) -> str:
+    archives = sorted(jar_cache.resolve(home, "registry").directory.glob("*.tar.gz"))
+    return archives[0].name.removeprefix("apicurio-registry-app-").removesuffix("-all.tar.gz") if archives else "-"
 
 
 def _prefect_version() -> str:

@@ -109,6 +109,8 @@ class RegistrySettings(BaseModel):
 
     model_config = _SECTION
 
+    enabled: bool = False
+    """``tidemark stack up`` runs the embedded registry (Apicurio Registry; about 10 s to start)."""
     port: Port = 18081
     """Port of the embedded registry's API on 127.0.0.1 (its management interface takes the next)."""
     java: Path | None = None
