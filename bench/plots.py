@@ -126,6 +126,15 @@ def ingest(data: dict[str, Any]) -> Figure:
                     ["throughput"], {n: [data["records"] / med[n]] for n in names}, "records/s")
 
 
+def avro(data: dict[str, Any]) -> Figure:
+    med = data["median_seconds"]
+    names = [n for n in ("tidemark-avro", "structured-streaming-avro", "tidemark-json") if n in med]
+    return _grouped(f"{data['records']:,} Avro records, three writer versions: "
+                    f"{data['ratio_vs_structured_streaming']:.2f}× Structured Streaming (from_avro), "
+                    f"{data['ratio_vs_json']:.2f}× Tidemark's JSON",
+                    ["throughput"], {n: [data["records"] / med[n]] for n in names}, "records/s")
+
+
 def s3(data: dict[str, Any]) -> Figure:
     med = data["median_seconds"]
     names = [n for n in ("tidemark-local", "tidemark-s3", "structured-streaming-s3") if n in med]
@@ -210,6 +219,7 @@ CHARTS: dict[str, Callable[[dict[str, Any]], Figure]] = {
     "reader_reuse_bench": reader_reuse, "ingest_bench": ingest, "serve_bench": serve, "history_properties": history_properties,
     "relay_bench": relay, "g3_bench": g3, "freshness_bench": freshness, "position_bench": position,
     "status_bench": status, "history_bench": history, "history_day": history_day, "s3_bench": s3,
+    "avro_bench": avro,
 }
 
 
