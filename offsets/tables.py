@@ -187,6 +187,8 @@ class TableShape:
     bytes: int
     oldest_readable_version: int
     """The oldest version whose log and data files are all still there (time travel works from here)."""
+    columns: int = 0
+    """How many columns the table's current schema has."""
 
     @property
     def mean_file_bytes(self) -> int:
@@ -217,7 +219,7 @@ def table_shape(path: str, vacuumed: tuple[datetime, float] | None = None) -> Ta
         active_then = [v for v, mtime in commits.items() if mtime <= cutoff]
         if active_then:
             oldest = max(oldest, max(active_then))
-    return TableShape(path, table.version(), len(sizes), int(sum(sizes)), oldest)
+    return TableShape(path, table.version(), len(sizes), int(sum(sizes)), oldest, len(table.schema().fields))
 
 
 def _log_listing(path: str) -> tuple[dict[int, float], list[int]]:

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from offsets.lag import PartitionLag, partition_lags
-from offsets.ledger import read_last
+from offsets.ledger import Intent, read_last
 from offsets.tables import TableShape, table_shape
 from orchestration.context import PipelineContext, resolve_bootstrap
 from quality.audit import last_verdict
@@ -34,6 +34,9 @@ class PipelineStatus:
     """Per role (target, quarantine, ledger) that exists: versions, files, bytes, oldest readable version."""
     maintained: str = "never"
     """When ``tidemark maintain`` last finished, and its retention."""
+    schema: str = "-"
+    """What the newest batch decoded with (``format: avro``: the subject's schema ids) and how many
+    columns the target's schema has now."""
 
     @property
     def lag(self) -> int | None:
@@ -61,8 +64,24 @@ def pipeline_status(ctx: PipelineContext, quality_dir: Path) -> PipelineStatus:
         status.partitions = partition_lags(ctx.client_config, p, last.ends() if last else {})
     except TidemarkError as exc:
         status.problem = str(exc).splitlines()[0]
+        last = None
     _table_shapes(status, ctx)
+    status.schema = schema_summary(p.format, last, status.tables.get("target"))
     return status
+
+
+def schema_summary(fmt: str, last: Intent | None, target: TableShape | None) -> str:
+    """``tidemark status``'s schema column: the batch's schema ids (Avro) and the target's columns."""
+    parts = []
+    if last is not None and last.schemas is not None:
+        s = last.schemas
+        others = [str(i) for i in s.writers if i != s.reader]
+        parts.append(f"{s.subject}: id {s.reader}" + (f" (also reads ids {', '.join(others)})" if others else ""))
+    elif fmt == "avro":
+        parts.append("no batch yet")
+    if target is not None:
+        parts.append(f"target {target.columns} columns")
+    return "; ".join(parts) or "-"
 
 
 def _table_shapes(status: PipelineStatus, ctx: PipelineContext) -> None:

@@ -110,6 +110,16 @@ def test_a_subject_evolving_mid_stream_lands_every_record_with_its_writer_schema
     assert last is not None and last.schemas is not None
     assert (last.schemas.subject, last.schemas.writers, last.schemas.reader) == (subject, (v1, v2, v3), v3)
 
+    # `tidemark status` shows the ids the newest batch decoded with and the target's columns (by
+    # delta-rs, on a table whose type widening Spark turned on).
+    from offsets.tables import table_shape
+    from orchestration.status import schema_summary
+
+    shape = table_shape(target)
+    assert shape is not None and shape.columns == len(table.columns)
+    assert schema_summary("avro", last, shape) == (f"{subject}: id {v3} (also reads ids {v1}, {v2}); "
+                                                   f"target {len(table.columns)} columns")
+
     # An incompatible version (the subject's compatibility turned off to let it in): a clear stop,
     # nothing claimed or written; once the operator deletes the version, the pipeline goes on.
     _set_compatibility(schema_registry, subject, "NONE")
