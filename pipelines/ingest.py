@@ -34,6 +34,7 @@ from tidemark.settings import load_settings
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+    from pyspark.sql.types import StructType
 
 log = logging.getLogger(__name__)
 
@@ -234,46 +235,40 @@ class IngestJob:
         anything is claimed; else let step 4 write the change in the batch's own commit."""
         if self.schema_change is not None:
             return
-        from offsets.tables import delta_table_exists
-
-        pipeline = self.pipeline
-        if pipeline.format == "avro" or not delta_table_exists(self.spark, pipeline.target):
-            # No table yet: the first batch creates it with its own schema. Avro: each batch's
-            # schemas are checked when it is planned (:meth:`_check_schemas`).
+        if self.pipeline.format == "avro":  # each batch's schemas are checked when it is planned
             self.schema_change = SchemaChange()
             return
-        table = self.spark.read.format("delta").load(pipeline.target).schema
-        change = compare(table, good_schema(self.spark, self.kafka_options, pipeline), pipeline.schema_evolution,
-                         pipeline=pipeline.name, target=pipeline.target, partition_by=pipeline.partition_by)
-        if change.widened:
-            self._allow_widening()
-        if change.alters_table or change.kept:
-            log.warning("pipeline %s: the batch's schema %s; the next batch's commit changes the target's schema "
-                        "with its rows", pipeline.name, change.describe())
-        if change.alters_table:
+        self.schema_change = self._evolve_to(lambda: good_schema(self.spark, self.kafka_options, self.pipeline),
+                                             "the batch's schema")
+        if self.schema_change.alters_table:
             self.protocol.target_options = {"mergeSchema": "true"}
-        self.schema_change = change
 
     def _check_schemas(self, schemas: Schemas | None) -> None:
         """``format: avro``: a batch's reader schema against the target's, before its claim (once per
         new set of schemas); stops on a change ``schema_evolution`` refuses."""
-        from offsets.tables import delta_table_exists
-
         if schemas is None or schemas == self._checked_schemas:
             return
-        pipeline = self.pipeline
-        if delta_table_exists(self.spark, pipeline.target):
-            table = self.spark.read.format("delta").load(pipeline.target).schema
-            batch = good_schema(self.spark, self.kafka_options, pipeline, schemas, self.registry)
-            change = compare(table, batch, pipeline.schema_evolution, pipeline=pipeline.name, target=pipeline.target,
-                             partition_by=pipeline.partition_by)
-            if change.widened:
-                self._allow_widening()
-            if change.alters_table or change.kept:
-                log.warning("pipeline %s: schema id %d of subject %s %s; the next batch's commit changes the "
-                            "target's schema with its rows", pipeline.name, schemas.reader, schemas.subject,
-                            change.describe())
+        self._evolve_to(lambda: good_schema(self.spark, self.kafka_options, self.pipeline, schemas, self.registry),
+                        f"schema id {schemas.reader} of subject {schemas.subject}")
         self._checked_schemas = schemas
+
+    def _evolve_to(self, batch_schema: Callable[[], StructType], what: str) -> SchemaChange:
+        """What writing batches of ``batch_schema()`` does to the target (:func:`pipelines.evolution.compare`,
+        which raises on a change the pipeline refuses); type widening turned on if it widens."""
+        from offsets.tables import delta_table_exists
+
+        pipeline = self.pipeline
+        if not delta_table_exists(self.spark, pipeline.target):
+            return SchemaChange()  # the first batch creates it with its own schema
+        table = self.spark.read.format("delta").load(pipeline.target).schema
+        change = compare(table, batch_schema(), pipeline.schema_evolution, pipeline=pipeline.name,
+                         target=pipeline.target, partition_by=pipeline.partition_by)
+        if change.widened:
+            self._allow_widening()
+        if change.alters_table or change.kept:
+            log.warning("pipeline %s: %s %s; the next batch's commit changes the target's schema with its rows",
+                        pipeline.name, what, change.describe())
+        return change
 
     def _allow_widening(self) -> None:
         """Turn on Delta's type widening on the target, unless it is on (a commit of its own, which
