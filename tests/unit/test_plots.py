@@ -21,6 +21,7 @@ SHOWN = {
     "g3": "g3_bench",
     "freshness": "freshness_bench",
     "history": "history_bench",
+    "history-s3": "history_bench",
     "status": "status_bench",
     "serve": "serve_bench",
     "s3": "s3_bench",
