@@ -23,8 +23,9 @@ from confluent_kafka import KafkaException
 
 from connectors.preflight import GRANT_HINT
 from connectors.producer import KafkaUnavailableError
+from outbox.avro import InvalidPayload, PayloadEncoder
 from outbox.capture import SourceTransaction
-from outbox.deadletter import OversizedEventError, acknowledged, dead_letter_events
+from outbox.deadletter import InvalidPayloadError, OversizedEventError, acknowledged, dead_letter_events
 from outbox.pgoutput import format_lsn
 from outbox.position import OFFSETS_TOPIC_CONFIG
 from outbox.schema import TableName
@@ -70,6 +71,8 @@ class Admission:
     _routes: dict[bytes, str]
     _connect_db: Callable[[], Any]
     """The relay's own connection to the database (``outbox.relay``)."""
+    encoder: PayloadEncoder | None
+    """``relay.format: avro``: how payloads become Avro values (``outbox.avro``)."""
 
     # -- the relay's topics ------------------------------------------------------------
 
@@ -205,3 +208,45 @@ class Admission:
             f"produced and the position stops before it. Either raise the limits and restart, or move the whole "
             f"transaction to {self.dead_letters} with `tidemark relay dead-letter --xid {txn.xid}` and restart "
             "(relay.on_oversized: dead_letter does that by itself)")
+
+    def _encoded(self, txn: SourceTransaction, topics: list[str]) -> SourceTransaction | None:
+        """``relay.format: avro``: ``txn`` with each payload as its topic's Avro value, or None if an
+        event's payload does not match its schema and the transaction went to the dead letters
+        (``on_invalid_payload: dead_letter``); raises :class:`InvalidPayloadError` to stop the relay.
+        All of it is encoded before anything of it is produced: never half a transaction."""
+        from dataclasses import replace
+
+        assert self.encoder is not None
+        try:
+            events = tuple(replace(e, payload=self.encoder.encode(topic, e.payload))
+                           for e, topic in zip(txn.events, topics, strict=True))
+        except InvalidPayload as why:
+            bad = next(e for e, topic in zip(txn.events, topics, strict=True) if not self._encodes(topic, e.payload))
+            reason = f"event {bad.id.decode()}: {why}"
+            ids = [e.id.decode() for e in txn.events]
+            with self._connect_db().cursor() as cur:
+                if acknowledged(cur, self.dead_letters, ids):
+                    log.warning("source transaction %d (commit LSN %s): acknowledged as dead letters (%s); "
+                                "skipping it", txn.xid, format_lsn(txn.commit_lsn), reason)
+                    return None
+                if self.config.on_invalid_payload == "dead_letter":
+                    dead_letter_events(cur, self.table, self.dead_letters, ids, reason)
+                    log.error("ALERT relay %s: source transaction %d (commit LSN %s, %d events) moved to %s: %s",
+                              self.config.id, txn.xid, format_lsn(txn.commit_lsn), len(ids), self.dead_letters,
+                              reason)
+                    return None
+            raise InvalidPayloadError(
+                f"source transaction {txn.xid} (commit LSN {format_lsn(txn.commit_lsn)}): {reason}. Nothing of it "
+                "was produced and the position stops before it. Either register a schema version the payload "
+                f"matches and restart, or move the whole transaction to {self.dead_letters} with `tidemark relay "
+                f"dead-letter --xid {txn.xid}` and restart (relay.on_invalid_payload: dead_letter does that by "
+                "itself)") from None
+        return replace(txn, events=events)
+
+    def _encodes(self, topic: str, payload: bytes | None) -> bool:
+        assert self.encoder is not None
+        try:
+            self.encoder.encode(topic, payload)
+        except InvalidPayload:
+            return False
+        return True

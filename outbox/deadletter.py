@@ -19,8 +19,17 @@ from outbox.schema import TableName
 from tidemark.errors import TerminalError
 
 
-class OversizedEventError(TerminalError):
+class RefusedTransactionError(TerminalError):
+    """A source transaction the relay may not produce (none of it is) and that was not acknowledged as
+    a dead letter: the relay stops before it."""
+
+
+class OversizedEventError(RefusedTransactionError):
     """An event is larger than Kafka takes and its source transaction was not acknowledged as a dead letter."""
+
+
+class InvalidPayloadError(RefusedTransactionError):
+    """An event's payload does not match its subject's Avro schema (``relay.format: avro``)."""
 
 
 def ddl(table: TableName) -> str:

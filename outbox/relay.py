@@ -76,6 +76,7 @@ from typing import Any
 from connectors.preflight import require_operation
 from connectors.producer import TransactionAbortedError, TransactionalProducer
 from outbox.admission import Admission
+from outbox.avro import PayloadEncoder
 from outbox.capture import (
     Capture,
     ReplicationLostError,
@@ -83,7 +84,7 @@ from outbox.capture import (
     SourceTransaction,
     TransactionTooLargeError,
 )
-from outbox.deadletter import OversizedEventError
+from outbox.deadletter import RefusedTransactionError
 from outbox.grouping import Group, Staging, collector_for_groups
 from outbox.manifest import SUMMARY_HEADER, InterleavedError, Placement
 from outbox.outage import Outages
@@ -123,8 +124,10 @@ class Relay(Admission, Staging, Outages):
     backoff, fencing again, PostgreSQL lost); the state they share is set here."""
 
     def __init__(self, relay: RelayConfig, *, dsn: str, client_config: dict[str, Any],
-                 replication_factor: int | None = None, topic_partitions: int | None = None) -> None:
+                 replication_factor: int | None = None, topic_partitions: int | None = None,
+                 encoder: PayloadEncoder | None = None) -> None:
         self.config = relay
+        self.encoder = encoder
         self.dsn = dsn
         self.client_config = client_config
         self.replication_factor = replication_factor or relay.replication_factor
@@ -371,7 +374,10 @@ class Relay(Admission, Staging, Outages):
                     try:
                         topics = self._routed(txn)                             # step 4
                         admitted = self._admit(txn, topics) if topics else True
-                    except OversizedEventError:
+                        if admitted and topics and self.encoder is not None:
+                            encoded = self._encoded(txn, topics)
+                            txn, admitted = (txn, False) if encoded is None else (encoded, True)
+                    except RefusedTransactionError:
                         if group.txns:
                             self._flush(producer, group, capture)
                         self._acknowledge(capture)

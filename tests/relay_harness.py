@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -369,13 +370,17 @@ def header(record: Record, name: str) -> str:
 
 
 def assert_relayed_exactly_once(setup: RelaySetup, committed: list[SourceTxn], rolled_back: set[str], *,
-                                foreign: bool = False) -> dict[str, int]:
+                                foreign: bool = False,
+                                decode: Callable[[bytes], dict[str, Any]] | None = None) -> dict[str, int]:
     """The relay's guarantees (G4) on the topics' read_committed view; returns some counts.
 
     ``foreign``: another producer wrote records without the relay's headers into the same
     topics; they are left out, and a source transaction's events in a partition may have
     such records between them (the manifest's spans still say exactly where they are).
+    ``decode``: how a value becomes its payload (default: JSON; ``relay.format: avro``'s values
+    are Avro).
     """
+    body_of = decode or (lambda value: json.loads(value or b"{}"))
     records = setup.records()
     if foreign:
         records = [r for r in records if any(k == H.LSN for k, _ in r.headers)]
@@ -401,7 +406,7 @@ def assert_relayed_exactly_once(setup: RelaySetup, committed: list[SourceTxn], r
     seqs: dict[str, list[int]] = defaultdict(list)
     per_partition: dict[tuple[str, int, str], list[tuple[int, int]]] = defaultdict(list)
     for r in records:
-        body = json.loads(r.value or b"{}")
+        body = body_of(r.value or b"")
         seqs[body["key"]].append(body["seq"])
         per_partition[(r.topic, r.partition, body["key"])].append((r.offset, body["seq"]))
     for where, pairs in per_partition.items():

@@ -465,6 +465,14 @@ class RelayConfig(BaseModel):
     ``stop`` the relay before anything of its source transaction is produced, naming it, until
     an operator runs ``tidemark relay dead-letter --xid N``; or ``dead_letter`` the whole source
     transaction (every event, into ``<table>_dead_letters``) and go on. Never half of it."""
+    format: Literal["json", "avro"] = "json"
+    """``json``: each event's value is its ``jsonb`` payload as text. ``avro``: the payload serialized
+    with the newest version of its topic's subject (``<topic>-value``) in ``schema_registry``, in
+    Confluent's framing; schemas are registered ahead (a JSON payload names no schema to register)."""
+    on_invalid_payload: Literal["stop", "dead_letter"] = "stop"
+    """``avro``: an event whose payload does not match its subject's schema: ``stop`` the relay before
+    anything of its source transaction is produced, naming it (as ``on_oversized``), or
+    ``dead_letter`` the whole source transaction and go on."""
     ack_every: Annotated[int, Field(ge=1)] = 50
     """Relayed transactions between housekeeping deletes and slot confirmations."""
     transaction_timeout_ms: Annotated[int, Field(ge=1000, le=900_000)] = 60_000

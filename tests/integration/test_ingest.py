@@ -168,11 +168,11 @@ def test_columns_built_ahead_are_built_once_and_a_failed_build_is_not_kept(  # t
     started = threading.Event()
     real = transform._frame_columns
 
-    def slow(session, pipeline):  # type: ignore[no-untyped-def]
+    def slow(session, pipeline, schemas, registry):  # type: ignore[no-untyped-def]
         builds.append((pipeline.target, threading.current_thread().name))
         started.set()
         time.sleep(0.3)  # the batch's call arrives while the build is under way
-        return real(session, pipeline)
+        return real(session, pipeline, schemas, registry)
 
     monkeypatch.setattr(transform, "_frame_columns", slow)
     good = _config("ahead", tmp_path / "good").pipelines[0]
