@@ -25,6 +25,7 @@ SHOWN = {
     "status": "status_bench",
     "serve": "serve_bench",
     "s3": "s3_bench",
+    "avro": "avro_bench",
 }
 
 
