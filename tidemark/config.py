@@ -34,6 +34,36 @@ PipelineName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_\-]{0,62}$")]
 LineageColumn = Literal["topic", "partition", "offset", "timestamp", "key", "headers", "batch_id"]
 
 
+def read_secret(owner: BaseModel, name: str, section: str) -> str | None:
+    """Secret ``name`` of ``owner``, from wherever it is configured: in clear (``name``), a file
+    (``name_file``) or an environment variable (``name_env``); read now, never cached, so a
+    rotated file is seen. None if none of them is set. ``section`` names ``owner`` in errors."""
+    value: SecretStr | None = getattr(owner, name)
+    if value is not None:
+        return value.get_secret_value()
+    path: Path | None = getattr(owner, f"{name}_file")
+    if path is not None:
+        try:
+            return path.expanduser().read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"{section}.{name}_file: cannot read {path} ({exc.strerror}); "
+                              "fix the path or the file's permissions") from None
+    env: str | None = getattr(owner, f"{name}_env")
+    if env is not None:
+        if env not in os.environ:
+            raise ConfigError(f"{section}.{name}_env names {env}, which is not set; "
+                              f"export {env} before running Tidemark")
+        return os.environ[env]
+    return None
+
+
+def _one_source(owner: BaseModel, name: str) -> None:
+    """At most one of ``name``, ``name_file`` and ``name_env`` is given."""
+    given = [n for n in (name, f"{name}_file", f"{name}_env") if getattr(owner, n) is not None]
+    if len(given) > 1:
+        raise ValueError(f"give one of {', '.join(given)}, not several")
+
+
 class KafkaSecurity(BaseModel):
     """How every client (relay, admin, scans, Spark's Kafka source) authenticates to Kafka.
 
@@ -71,9 +101,7 @@ class KafkaSecurity(BaseModel):
     @model_validator(mode="after")
     def _complete(self) -> KafkaSecurity:
         for name in ("sasl_password", "ssl_key_password"):
-            given = [n for n in (name, f"{name}_file", f"{name}_env") if getattr(self, n) is not None]
-            if len(given) > 1:
-                raise ValueError(f"give one of {', '.join(given)}, not several")
+            _one_source(self, name)
         if self.protocol.startswith("SASL"):
             missing = [n for n in ("sasl_mechanism", "sasl_username") if getattr(self, n) is None]
             if not (self.sasl_password or self.sasl_password_file or self.sasl_password_env):
@@ -89,25 +117,10 @@ class KafkaSecurity(BaseModel):
     def secret(self, name: str, *, required: bool = True) -> str | None:
         """The value of secret ``name`` (``sasl_password``, ``ssl_key_password``), from
         wherever it is configured; read now, never cached, so a rotated file is seen."""
-        value: SecretStr | None = getattr(self, name)
-        if value is not None:
-            return value.get_secret_value()
-        path: Path | None = getattr(self, f"{name}_file")
-        if path is not None:
-            try:
-                return path.expanduser().read_text().strip()
-            except OSError as exc:
-                raise ConfigError(f"kafka.security.{name}_file: cannot read {path} ({exc.strerror}); "
-                                  "fix the path or the file's permissions") from None
-        env: str | None = getattr(self, f"{name}_env")
-        if env is not None:
-            if env not in os.environ:
-                raise ConfigError(f"kafka.security.{name}_env names {env}, which is not set; "
-                                  f"export {env} before running Tidemark")
-            return os.environ[env]
-        if required:
+        found = read_secret(self, name, "kafka.security")
+        if found is None and required:
             raise ConfigError(f"kafka.security.{name} is not configured")
-        return None
+        return found
 
 
 class SchemaRegistryConfig(BaseModel):
@@ -130,10 +143,9 @@ class SchemaRegistryConfig(BaseModel):
 
     @model_validator(mode="after")
     def _complete(self) -> SchemaRegistryConfig:
-        given = [n for n in ("basic_auth_password", "basic_auth_password_file", "basic_auth_password_env")
-                 if getattr(self, n) is not None]
-        if len(given) > 1:
-            raise ValueError(f"give one of {', '.join(given)}, not several")
+        _one_source(self, "basic_auth_password")
+        given = any(getattr(self, n) is not None
+                    for n in ("basic_auth_password", "basic_auth_password_file", "basic_auth_password_env"))
         if given and self.basic_auth_username is None:
             raise ValueError("a basic auth password needs basic_auth_username")
         if (self.ssl_certificate_location is None) != (self.ssl_key_location is None):
@@ -142,22 +154,7 @@ class SchemaRegistryConfig(BaseModel):
 
     def password(self) -> str | None:
         """The basic auth password, read now (a rotated file is seen), or None."""
-        if self.basic_auth_password is not None:
-            return self.basic_auth_password.get_secret_value()
-        if self.basic_auth_password_file is not None:
-            try:
-                return self.basic_auth_password_file.expanduser().read_text().strip()
-            except OSError as exc:
-                raise ConfigError(f"schema_registry.basic_auth_password_file: cannot read "
-                                  f"{self.basic_auth_password_file} ({exc.strerror}); fix the path or the "
-                                  "file's permissions") from None
-        env = self.basic_auth_password_env
-        if env is not None:
-            if env not in os.environ:
-                raise ConfigError(f"schema_registry.basic_auth_password_env names {env}, which is not set; "
-                                  f"export {env} before running Tidemark")
-            return os.environ[env]
-        return None
+        return read_secret(self, "basic_auth_password", "schema_registry")
 
 
 class KafkaConnection(BaseModel):
