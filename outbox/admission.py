@@ -25,7 +25,13 @@ from connectors.preflight import GRANT_HINT
 from connectors.producer import KafkaUnavailableError
 from outbox.avro import InvalidPayload, PayloadEncoder
 from outbox.capture import SourceTransaction
-from outbox.deadletter import InvalidPayloadError, OversizedEventError, acknowledged, dead_letter_events
+from outbox.deadletter import (
+    InvalidPayloadError,
+    OversizedEventError,
+    RefusedTransactionError,
+    acknowledged,
+    dead_letter_events,
+)
 from outbox.pgoutput import format_lsn
 from outbox.position import OFFSETS_TOPIC_CONFIG
 from outbox.schema import TableName
@@ -190,24 +196,33 @@ class Admission:
         if big is None:
             return True
         event, topic, size, limit = big
-        ids = [e.id.decode() for e in txn.events]
         reason = (f"event {event.decode()} is about {size} bytes; {topic} takes at most {limit} "
                   "(the producer's message.max.bytes and the topic's max.message.bytes)")
+        self._refuse(txn, reason, self.config.on_oversized, OversizedEventError,
+                     "raise the limits and restart", "on_oversized")
+        return False
+
+    def _refuse(self, txn: SourceTransaction, reason: str, policy: str, error: type[RefusedTransactionError],
+                remedy: str, setting: str) -> None:
+        """``txn`` may not go to Kafka: return if it is (now) in the dead letters — acknowledged by an
+        operator, or moved there by ``policy`` ``dead_letter`` — else raise ``error``, which stops the
+        relay before anything of it is produced."""
+        ids = [e.id.decode() for e in txn.events]
         with self._connect_db().cursor() as cur:
             if acknowledged(cur, self.dead_letters, ids):
                 log.warning("source transaction %d (commit LSN %s): acknowledged as dead letters (%s); skipping it",
                             txn.xid, format_lsn(txn.commit_lsn), reason)
-                return False
-            if self.config.on_oversized == "dead_letter":
+                return
+            if policy == "dead_letter":
                 dead_letter_events(cur, self.table, self.dead_letters, ids, reason)
                 log.error("ALERT relay %s: source transaction %d (commit LSN %s, %d events) moved to %s: %s",
                           self.config.id, txn.xid, format_lsn(txn.commit_lsn), len(ids), self.dead_letters, reason)
-                return False
-        raise OversizedEventError(
+                return
+        raise error(
             f"source transaction {txn.xid} (commit LSN {format_lsn(txn.commit_lsn)}): {reason}. Nothing of it was "
-            f"produced and the position stops before it. Either raise the limits and restart, or move the whole "
+            f"produced and the position stops before it. Either {remedy}, or move the whole "
             f"transaction to {self.dead_letters} with `tidemark relay dead-letter --xid {txn.xid}` and restart "
-            "(relay.on_oversized: dead_letter does that by itself)")
+            f"(relay.{setting}: dead_letter does that by itself)")
 
     def _encoded(self, txn: SourceTransaction, topics: list[str]) -> SourceTransaction | None:
         """``relay.format: avro``: ``txn`` with each payload as its topic's Avro value, or None if an
@@ -217,36 +232,13 @@ class Admission:
         from dataclasses import replace
 
         assert self.encoder is not None
-        try:
-            events = tuple(replace(e, payload=self.encoder.encode(topic, e.payload))
-                           for e, topic in zip(txn.events, topics, strict=True))
-        except InvalidPayload as why:
-            bad = next(e for e, topic in zip(txn.events, topics, strict=True) if not self._encodes(topic, e.payload))
-            reason = f"event {bad.id.decode()}: {why}"
-            ids = [e.id.decode() for e in txn.events]
-            with self._connect_db().cursor() as cur:
-                if acknowledged(cur, self.dead_letters, ids):
-                    log.warning("source transaction %d (commit LSN %s): acknowledged as dead letters (%s); "
-                                "skipping it", txn.xid, format_lsn(txn.commit_lsn), reason)
-                    return None
-                if self.config.on_invalid_payload == "dead_letter":
-                    dead_letter_events(cur, self.table, self.dead_letters, ids, reason)
-                    log.error("ALERT relay %s: source transaction %d (commit LSN %s, %d events) moved to %s: %s",
-                              self.config.id, txn.xid, format_lsn(txn.commit_lsn), len(ids), self.dead_letters,
-                              reason)
-                    return None
-            raise InvalidPayloadError(
-                f"source transaction {txn.xid} (commit LSN {format_lsn(txn.commit_lsn)}): {reason}. Nothing of it "
-                "was produced and the position stops before it. Either register a schema version the payload "
-                f"matches and restart, or move the whole transaction to {self.dead_letters} with `tidemark relay "
-                f"dead-letter --xid {txn.xid}` and restart (relay.on_invalid_payload: dead_letter does that by "
-                "itself)") from None
-        return replace(txn, events=events)
-
-    def _encodes(self, topic: str, payload: bytes | None) -> bool:
-        assert self.encoder is not None
-        try:
-            self.encoder.encode(topic, payload)
-        except InvalidPayload:
-            return False
-        return True
+        events = []
+        for e, topic in zip(txn.events, topics, strict=True):
+            try:
+                events.append(replace(e, payload=self.encoder.encode(topic, e.payload)))
+            except InvalidPayload as why:
+                self._refuse(txn, f"event {e.id.decode()}: {why}", self.config.on_invalid_payload,
+                             InvalidPayloadError, "register a schema version the payload matches and restart",
+                             "on_invalid_payload")
+                return None
+        return replace(txn, events=tuple(events))
