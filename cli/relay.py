@@ -46,7 +46,7 @@ def cmd_outbox_init(args: argparse.Namespace) -> int:
     config, dsn, client = relay_of(args)
     relay = config.relay
     created = init_outbox(dsn, table=TableName.parse(relay.table), publication=relay.publication_name,
-                          slot=relay.slot_name, create_slot=not args.reset_relay)
+                          slot=relay.slot_name, create_slot=not args.reset_relay, payload=relay.payload_column)
     print(f"outbox {relay.table}: " + (", ".join(f"created {c}" for c in created) or "already set up"))
     if args.reset_relay:
         from outbox.reset import reset_relay
@@ -97,7 +97,7 @@ def cmd_relay_run(args: argparse.Namespace) -> int:
         from outbox.avro import PayloadEncoder
         from tidemark.settings import load_settings
 
-        encoder = PayloadEncoder(config.schema_registry, load_settings())
+        encoder = PayloadEncoder(config.schema_registry, load_settings(), config.relay)
     relay = Relay(config.relay, dsn=dsn, client_config=client, replication_factor=args.replication_factor,
                   topic_partitions=args.partitions, encoder=encoder)
     metrics = serve_metrics(args)

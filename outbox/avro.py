@@ -1,12 +1,14 @@
 """``relay.format: avro``: an event's ``jsonb`` payload as Avro, in Confluent's framing.
 
 Each topic's values are serialized with the newest version of its subject (``<topic>-value``,
-Confluent's TopicNameStrategy) in the schema registry, by confluent-kafka's ``AvroSerializer``,
-which frames them (magic byte 0, the schema's id, the body) as every Confluent deserializer
-and Tidemark's ``format: avro`` ingest expect. Schemas are registered ahead: a JSON payload
-names no schema, so nothing is registered from here. The serializer of a topic looks its
-subject's newest version up once and keeps it (a relay restarted after a new version is
-registered takes the new one).
+Confluent's TopicNameStrategy) in the schema registry, or with the schema file
+``relay.schemas`` names for the topic, by confluent-kafka's ``AvroSerializer``, which frames
+them (magic byte 0, the schema's id, the body) as every Confluent deserializer and Tidemark's
+``format: avro`` ingest expect. Schemas are registered ahead: a JSON payload names no schema,
+so only a file's schema can be registered from here, and only with ``relay.auto_register``.
+The serializer of a topic looks its schema up once and keeps it (a relay restarted after a
+new version is registered takes the new one). A ``bytea`` payload is already a serialized
+value: it passes unchanged, checked only to be in Confluent's framing.
 
 What step 4 (``outbox.admission``) needs from here: the encoded values of a source
 transaction's events, or why one cannot be encoded — a payload that does not match its
@@ -19,10 +21,11 @@ aborted and the slot sends everything unconfirmed again when it is run again).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from connectors.registry import client_config, registry_url
-from tidemark.config import SchemaRegistryConfig
+from tidemark.config import RelayConfig, SchemaRegistryConfig
 from tidemark.errors import ConfigError, RegistryUnavailableError
 from tidemark.settings import Settings
 
@@ -32,27 +35,38 @@ class InvalidPayload(Exception):
 
 
 class PayloadEncoder:
-    def __init__(self, config: SchemaRegistryConfig, settings: Settings) -> None:
+    def __init__(self, config: SchemaRegistryConfig, settings: Settings, relay: RelayConfig | None = None) -> None:
         from confluent_kafka.schema_registry import SchemaRegistryClient
 
         self.url = registry_url(config, settings)
         self._client = SchemaRegistryClient(client_config(config, self.url))
         self._serializers: dict[str, Any] = {}
+        self._files = dict(relay.schemas) if relay is not None else {}
+        self._auto_register = relay.auto_register if relay is not None else False
+        self._schema_texts = {topic: _schema_text(topic, path) for topic, path in self._files.items()}
 
     def _serializer(self, topic: str) -> Any:
         serializer = self._serializers.get(topic)
         if serializer is None:
             from confluent_kafka.schema_registry.avro import AvroSerializer
 
-            serializer = AvroSerializer(self._client, None,
-                                        conf={"auto.register.schemas": False, "use.latest.version": True})
+            text = self._schema_texts.get(topic)
+            conf = ({"auto.register.schemas": self._auto_register, "use.latest.version": False} if text is not None
+                    else {"auto.register.schemas": False, "use.latest.version": True})
+            serializer = AvroSerializer(self._client, text, conf=conf)
             self._serializers[topic] = serializer
         return serializer
 
-    def encode(self, topic: str, payload: bytes | None) -> bytes | None:
-        """The payload as its topic's Avro value (None stays None: a tombstone)."""
+    def encode(self, topic: str, payload: bytes | None, *, serialized: bool = False) -> bytes | None:
+        """The payload as its topic's Avro value (None stays None: a tombstone); a ``serialized``
+        payload (from a ``bytea`` column) as it is, once it is seen to be framed."""
         if payload is None:
             return None
+        if serialized:
+            if len(payload) < 5 or payload[0] != 0:
+                raise InvalidPayload(f"the bytea payload is not in Confluent's framing (magic byte 0, a 4-byte "
+                                     f"schema id, the body): it starts {payload[:5].hex() or 'empty'}")
+            return payload
         from confluent_kafka.schema_registry.error import SchemaRegistryError
         from confluent_kafka.serialization import MessageField, SerializationContext
 
@@ -64,10 +78,23 @@ class PayloadEncoder:
             return bytes(self._serializer(topic)(record, SerializationContext(topic, MessageField.VALUE)))
         except SchemaRegistryError as exc:
             subject = f"{topic}-value"
+            if exc.http_status_code == 404 and topic in self._files:
+                raise ConfigError(f"relay.schemas: {self._files[topic]} is not registered under {subject!r} at "
+                                  f"{self.url}; register it there (or set relay.auto_register: true), then "
+                                  "start the relay again") from None
             if exc.http_status_code == 404:
                 raise ConfigError(f"relay.format avro: subject {subject!r} has no schema in the registry at "
                                   f"{self.url}; register the topic's schema there, then start the relay again"
                                   ) from None
+            if exc.http_status_code == 409:
+                raise ConfigError(f"relay.auto_register: the registry at {self.url} refuses {self._files.get(topic)} "
+                                  f"as a new version of {subject!r} (incompatible with its versions under the "
+                                  "subject's compatibility rule); make the schema compatible, then start the "
+                                  "relay again") from None
+            if exc.http_status_code in (401, 403):
+                raise ConfigError(f"the schema registry at {self.url} refused the relay (HTTP "
+                                  f"{exc.http_status_code}) on {subject!r}: check schema_registry's credentials "
+                                  "and their rights on the subject") from None
             raise RegistryUnavailableError(f"the schema registry at {self.url} failed looking up {subject!r} "
                                            f"(HTTP {exc.http_status_code}); run the relay again once it answers") from None
         except (ValueError, TypeError, KeyError, AttributeError) as exc:  # fastavro's refusals of the record
@@ -77,3 +104,17 @@ class PayloadEncoder:
                 raise InvalidPayload(f"the payload does not match the schema of {topic}-value: {exc}") from None
             raise RegistryUnavailableError(f"the schema registry at {self.url} does not answer "
                                            f"({type(exc).__name__}: {exc}); run the relay again once it answers") from None
+
+
+def _schema_text(topic: str, path: Path) -> str:
+    """A ``relay.schemas`` file's schema, checked to be Avro before anything is relayed."""
+    import fastavro
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        fastavro.parse_schema(json.loads(text))
+    except OSError as exc:
+        raise ConfigError(f"relay.schemas[{topic!r}]: cannot read {path} ({exc.strerror})") from None
+    except (ValueError, TypeError, KeyError, fastavro.schema.SchemaParseException) as exc:
+        raise ConfigError(f"relay.schemas[{topic!r}]: {path} is not an Avro schema ({exc})") from None
+    return text

@@ -43,6 +43,17 @@ class SlotBusyError(TransientError):
         super().__init__(f"replication slot {slot!r} is in use by server process {pid or '?'}{who}")
 
 
+BYTEA_OID = 17
+
+
+def _bytea(text: bytes) -> bytes:
+    """A ``bytea`` value from its text form in the stream (``\\x`` and hex, PostgreSQL's default output)."""
+    if not text.startswith(b"\\x"):
+        raise TerminalError("the outbox's bytea payload arrived in escape format; set bytea_output = 'hex' "
+                            "(PostgreSQL's default) for the database and restart the relay")
+    return bytes.fromhex(text[2:].decode("ascii"))
+
+
 class ReplicationLostError(TransientError):
     """The replication stream broke (the server restarted, was replaced, or ended the session)."""
 
@@ -58,7 +69,11 @@ class OutboxEvent:
     aggregateid: bytes
     type: bytes
     payload: bytes | None
-    """The ``jsonb`` payload in PostgreSQL's text form, or None for SQL NULL."""
+    """The ``jsonb`` payload in PostgreSQL's text form, or None for SQL NULL; of a ``bytea``
+    payload column, its bytes."""
+    serialized: bool = False
+    """The payload column is ``bytea``: the application serialized the value itself, and the
+    relay sends it unchanged, whatever ``relay.format`` (as Debezium's ``ByteBufferConverter``)."""
 
     @property
     def size(self) -> int:
@@ -94,7 +109,7 @@ class Capture:
         self._conn = None
         self._cur = None
         self._relations: dict[int, pgoutput.Relation] = {}
-        self._columns: dict[int, tuple[int, ...] | None] = {}
+        self._columns: dict[int, tuple[tuple[int, ...], bool] | None] = {}
 
     def connect(self) -> Source:
         """Connect and identify the server's stream (``IDENTIFY_SYSTEM``); streaming starts with :meth:`start`."""
@@ -211,20 +226,26 @@ class Capture:
             "not move. Raise the limit (the relay holds one transaction in memory) and restart the relay.")
 
     def _event(self, insert: pgoutput.Insert) -> OutboxEvent | None:
-        where = self._columns.get(insert.relation_oid, ())
-        if where == ():
-            where = self._columns[insert.relation_oid] = self._layout(insert.relation_oid)
-        if where is None:
+        if insert.relation_oid in self._columns:
+            layout = self._columns[insert.relation_oid]
+        else:
+            layout = self._columns[insert.relation_oid] = self._layout(insert.relation_oid)
+        if layout is None:
             return None
+        where, serialized = layout
         v = insert.values
         ident, aggregatetype, aggregateid, kind = v[where[0]], v[where[1]], v[where[2]], v[where[3]]
         if ident is None or aggregatetype is None or aggregateid is None or kind is None:
             raise TerminalError(f"outbox table {self.table}: an inserted row has NULL in id, aggregatetype, "
                                 "aggregateid or type; those columns must be NOT NULL (`tidemark outbox init`)")
-        return OutboxEvent(ident, aggregatetype, aggregateid, kind, v[where[4]])
+        payload = v[where[4]]
+        if serialized and payload is not None:
+            payload = _bytea(payload)
+        return OutboxEvent(ident, aggregatetype, aggregateid, kind, payload, serialized)
 
-    def _layout(self, oid: int) -> tuple[int, ...] | None:
-        """Where the outbox columns sit in the relation's tuples; None for another table."""
+    def _layout(self, oid: int) -> tuple[tuple[int, ...], bool] | None:
+        """Where the outbox columns sit in the relation's tuples, and whether the payload is
+        ``bytea``; None for another table."""
         relation = self._relations.get(oid)
         if relation is None:
             raise pgoutput.DecodeError(f"pgoutput insert for unknown relation {oid}")
@@ -234,7 +255,9 @@ class Capture:
         if missing:
             raise TerminalError(f"outbox table {self.table} lacks column(s) {', '.join(missing)}: "
                                 "run `tidemark outbox init` or add them")
-        return tuple(relation.columns.index(c) for c in OUTBOX_COLUMNS)
+        where = tuple(relation.columns.index(c) for c in OUTBOX_COLUMNS)
+        serialized = len(relation.types) == len(relation.columns) and relation.types[where[4]] == BYTEA_OID
+        return where, serialized
 
     def confirm(self, lsn: int) -> None:
         """Tell the server everything up to ``lsn`` is done, so the slot can move past it."""

@@ -32,13 +32,14 @@ class InvalidPayloadError(RefusedTransactionError):
     """An event's payload does not match its subject's Avro schema (``relay.format: avro``)."""
 
 
-def ddl(table: TableName) -> str:
+def ddl(table: TableName, payload: str = "jsonb") -> str:
+    """The dead letters' table; its payload column has the outbox's type (``jsonb`` or ``bytea``)."""
     return f"""CREATE TABLE IF NOT EXISTS {table.sql} (
         id               uuid         PRIMARY KEY,
         aggregatetype    varchar(255) NOT NULL,
         aggregateid      varchar(255) NOT NULL,
         type             varchar(255) NOT NULL,
-        payload          jsonb,
+        payload          {payload},
         created_at       timestamptz  NOT NULL,
         xid              bigint       NOT NULL,
         reason           text         NOT NULL,
@@ -47,7 +48,10 @@ def ddl(table: TableName) -> str:
 
 
 def _copy(cursor: Any, outbox: TableName, dead: TableName, where: str, params: tuple[Any, ...], reason: str) -> int:
-    cursor.execute(ddl(dead))
+    cursor.execute("SELECT format_type(atttypid, atttypmod) FROM pg_attribute "
+                   "WHERE attrelid = %s::regclass AND attname = 'payload' AND NOT attisdropped", (outbox.sql,))
+    found = cursor.fetchone()
+    cursor.execute(ddl(dead, "bytea" if found is not None and found[0] == "bytea" else "jsonb"))
     cursor.execute(
         f"INSERT INTO {dead.sql} (id, aggregatetype, aggregateid, type, payload, created_at, xid, reason) "
         f"SELECT id, aggregatetype, aggregateid, type, payload, created_at, xmin::text::bigint, %s "

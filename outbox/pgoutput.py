@@ -46,6 +46,8 @@ class Relation:
     namespace: str
     name: str
     columns: tuple[str, ...]
+    types: tuple[int, ...] = ()
+    """Each column's type oid, in the same order (``bytea`` is 17, ``jsonb`` 3802)."""
 
 
 @dataclass(frozen=True)
@@ -139,13 +141,13 @@ def decode(payload: bytes) -> Message:
         oid = r.take("!I")
         namespace, name = r.string(), r.string()
         r.take("!B")  # replica identity
-        columns = []
+        columns, types = [], []
         for _ in range(r.take("!H")):
             r.take("!B")  # flags (part of the key)
             columns.append(r.string())
-            r.take("!I")  # type oid
+            types.append(r.take("!I"))
             r.take("!i")  # type modifier
-        return Relation(oid, namespace, name, tuple(columns))
+        return Relation(oid, namespace, name, tuple(columns), tuple(types))
     if kind == "I":
         oid = r.take("!I")
         if r.byte() != "N":

@@ -14,7 +14,7 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from tidemark.errors import ConfigError, TerminalError
 
@@ -45,7 +45,10 @@ class TableName:
         return f'"{self.schema}"."{self.name}"'
 
 
-def _ddl(table: TableName) -> list[str]:
+PayloadType = Literal["jsonb", "bytea"]
+
+
+def _ddl(table: TableName, payload: PayloadType = "jsonb") -> list[str]:
     return [
         f'CREATE SCHEMA IF NOT EXISTS "{table.schema}"',
         f"""CREATE TABLE IF NOT EXISTS {table.sql} (
@@ -53,7 +56,7 @@ def _ddl(table: TableName) -> list[str]:
             aggregatetype varchar(255) NOT NULL,
             aggregateid   varchar(255) NOT NULL,
             type          varchar(255) NOT NULL,
-            payload       jsonb,
+            payload       {payload},
             created_at    timestamptz  NOT NULL DEFAULT clock_timestamp()
         )""",
         f'CREATE INDEX IF NOT EXISTS "{table.name}_created_at" ON {table.sql} (created_at)',
@@ -64,8 +67,13 @@ class SlotMissingError(TerminalError):
     """The outbox table exists but its replication slot does not: creating one now would lose rows."""
 
 
-def init_outbox(dsn: str, *, table: TableName, publication: str, slot: str, create_slot: bool = True) -> list[str]:
+def init_outbox(dsn: str, *, table: TableName, publication: str, slot: str, create_slot: bool = True,
+                payload: PayloadType = "jsonb") -> list[str]:
     """Create the table, the publication and the slot where missing; returns what was created.
+
+    ``payload`` is the type of a new table's payload column: ``bytea`` holds values the
+    application serialized itself, relayed unchanged (an existing table keeps its type; the
+    relay follows the table's).
 
     A missing slot is created only together with a new table. Beside an existing table it
     would start at the current LSN, and rows committed while no slot existed would never
@@ -92,7 +100,9 @@ def init_outbox(dsn: str, *, table: TableName, publication: str, slot: str, crea
             new_table = cur.fetchone()[0] is None
             if new_table:
                 created.append(f"table {table}")
-            for statement in _ddl(table):
+            if payload not in ("jsonb", "bytea"):
+                raise ConfigError(f"outbox payload type {payload!r}: use jsonb or bytea")
+            for statement in _ddl(table, payload):
                 cur.execute(statement)
             cur.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,))
             if cur.fetchone() is None:
@@ -125,12 +135,18 @@ def add_event(cursor: Any, aggregatetype: str, aggregateid: str, type: str, payl
 
     The event is relayed if and only if that transaction commits, together with the other
     events it added, as one Kafka transaction. ``payload`` is JSON-encoded unless it is
-    already a string.
+    already a string; ``bytes`` go into a ``bytea`` payload column as they are (the value the
+    application serialized itself, which the relay sends unchanged).
     """
     event_id = event_id or uuid.uuid4()
-    text = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    value: bytes | str
+    if isinstance(payload, bytes | bytearray | memoryview):
+        value, cast = bytes(payload), ""
+    else:
+        value = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+        cast = "::jsonb"
     cursor.execute(
         f"INSERT INTO {TableName.parse(table).sql} (id, aggregatetype, aggregateid, type, payload) "
-        "VALUES (%s, %s, %s, %s, %s::jsonb)",
-        (str(event_id), aggregatetype, aggregateid, type, text))
+        f"VALUES (%s, %s, %s, %s, %s{cast})",
+        (str(event_id), aggregatetype, aggregateid, type, value))
     return event_id

@@ -104,7 +104,8 @@ class RelaySetup:
         config.write_text(yaml.safe_dump({"kafka": {"bootstrap_servers": bootstrap},
                                           "postgres": {"dsn": dsn}, "relay": body}))
         setup = cls(dsn, bootstrap, relay_id, table, prefix, body["offsets_topic"], body["manifest_topic"], config, tmp)
-        init_outbox(dsn, table=TableName.parse(table), publication=f"tidemark_r_{run}", slot=f"tidemark_r_{run}")
+        init_outbox(dsn, table=TableName.parse(table), publication=f"tidemark_r_{run}", slot=f"tidemark_r_{run}",
+                    payload=relay.get("payload_column", "jsonb"))
         _SLOTS.append((dsn, f"tidemark_r_{run}"))
         with setup.connect() as conn, conn.cursor() as cur:
             cur.execute(f"CREATE TABLE {setup.keys_table} (key text PRIMARY KEY, seq bigint NOT NULL)")

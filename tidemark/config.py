@@ -467,9 +467,22 @@ class RelayConfig(BaseModel):
     with the newest version of its topic's subject (``<topic>-value``) in ``schema_registry``, in
     Confluent's framing; schemas are registered ahead (a JSON payload names no schema to register)."""
     on_invalid_payload: Literal["stop", "dead_letter"] = "stop"
-    """``avro``: an event whose payload does not match its subject's schema: ``stop`` the relay before
-    anything of its source transaction is produced, naming it (as ``on_oversized``), or
-    ``dead_letter`` the whole source transaction and go on."""
+    """``avro``: an event whose payload does not match its subject's schema (or a ``bytea`` payload
+    not in Confluent's framing): ``stop`` the relay before anything of its source transaction is
+    produced, naming it (as ``on_oversized``), or ``dead_letter`` the whole source transaction and go on."""
+    schemas: dict[str, Path] = {}
+    """``avro``: topic -> Avro schema file (``.avsc``) its payloads are serialized with, instead of
+    the subject's newest version; that schema must be registered under ``<topic>-value`` (or
+    ``auto_register``)."""
+    auto_register: bool = False
+    """``avro``: register each ``schemas`` file under its subject when it is not there yet (the
+    registry's compatibility rule decides whether it may be). Off: schemas are registered ahead,
+    by whoever owns them, and a schema the registry lacks stops the relay."""
+    payload_column: Literal["jsonb", "bytea"] = "jsonb"
+    """The payload column's type ``tidemark outbox init`` gives a new outbox table. ``bytea``: the
+    application serializes values itself and the relay sends them unchanged whatever ``format``
+    (in ``avro``, only checked to be in Confluent's framing). The relay follows the table's
+    actual type, so an existing table keeps its own."""
     ack_every: Annotated[int, Field(ge=1)] = 50
     """Relayed transactions between housekeeping deletes and slot confirmations."""
     transaction_timeout_ms: Annotated[int, Field(ge=1000, le=900_000)] = 60_000
@@ -481,6 +494,10 @@ class RelayConfig(BaseModel):
     def _distinct_topics(self) -> RelayConfig:
         if self.offsets_topic == self.manifest_topic:
             raise ValueError("offsets_topic and manifest_topic must differ (one is compacted, the other is not)")
+        if (self.schemas or self.auto_register) and self.format != "avro":
+            raise ValueError("relay.schemas and relay.auto_register apply to format: avro")
+        if self.auto_register and not self.schemas:
+            raise ValueError("relay.auto_register registers the files of relay.schemas: give them (topic -> .avsc)")
         return self
 
     @property

@@ -25,7 +25,8 @@ def test_relation_and_insert_with_null_and_utf8() -> None:
     body = struct.pack("!I", 16384) + b"public\0outbox\0" + b"d" + struct.pack("!H", len(columns))
     for name in columns:
         body += b"\x01" + name + b"\0" + struct.pack("!Ii", 25, -1)
-    assert decode(b"R" + body) == Relation(16384, "public", "outbox", ("id", "aggregatetype", "payload"))
+    assert decode(b"R" + body) == Relation(16384, "public", "outbox", ("id", "aggregatetype", "payload"),
+                                               (25, 25, 25))
     text = '{"name": "Zoë"}'.encode()
     tuple_data = (struct.pack("!H", 3) + b"t" + struct.pack("!I", 3) + b"abc" + b"n"
                   + b"t" + struct.pack("!I", len(text)) + text)
@@ -50,3 +51,13 @@ def test_lsn_text_round_trip(text: str) -> None:
 def test_bad_lsn_text() -> None:
     with pytest.raises(DecodeError, match="not an LSN"):
         parse_lsn("16B3748")
+
+
+def test_a_bytea_payload_arrives_as_its_bytes_and_escape_format_is_refused() -> None:
+    from outbox.capture import _bytea
+    from tidemark.errors import TerminalError
+
+    assert _bytea(b"\\x00000000017b7d") == b"\x00\x00\x00\x00\x01{}"
+    assert _bytea(b"\\x") == b""
+    with pytest.raises(TerminalError, match="bytea_output = 'hex'"):
+        _bytea(b"\\000\\001")

@@ -181,3 +181,28 @@ def test_an_older_position_is_believed_only_after_the_settling_window(monkeypatc
     relay._resume()
     assert relay.position == _at(900)
     assert "ALERT" in caplog.text and "0/384" in caplog.text
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"schemas": {"orders": "orders.avsc"}}, "apply to format: avro"),
+    ({"format": "avro", "auto_register": True}, "registers the files of relay.schemas"),
+])
+def test_schema_files_and_auto_register_need_avro_and_files(fields: dict[str, object], message: str) -> None:
+    from pydantic import ValidationError
+
+    from tidemark.config import RelayConfig
+
+    with pytest.raises(ValidationError, match=message):
+        RelayConfig(**fields)  # type: ignore[arg-type]
+
+
+def test_a_schema_file_that_is_not_avro_is_named_before_anything_is_relayed(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from outbox.avro import _schema_text
+    from tidemark.errors import ConfigError
+
+    bad = tmp_path / "orders.avsc"
+    bad.write_text('{"type": "record", "name": "R", "fields": [{"name": "x", "type": "nope"}]}')
+    with pytest.raises(ConfigError, match=r"orders\.avsc is not an Avro schema"):
+        _schema_text("orders", bad)
+    with pytest.raises(ConfigError, match="cannot read"):
+        _schema_text("orders", tmp_path / "missing.avsc")
