@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tidemark.config import SchemaRegistryConfig
-from tidemark.errors import AccessDeniedError, RegistryUnavailableError
+from tidemark.errors import AccessDeniedError, ConfigError, RegistryUnavailableError
 from tidemark.settings import Settings
 
 #: ``(registry url, schema id)`` → the schema's text, for the life of the process.
@@ -71,9 +71,13 @@ class Registry:
             if status in (401, 403):
                 raise AccessDeniedError(f"the schema registry at {self.url} refused {what} (HTTP {status}): check "
                                         "schema_registry.basic_auth_username and its password") from None
-            if status is not None and status < 500:
+            if status in (408, 429):
                 raise RegistryUnavailableError(f"the schema registry at {self.url} answered {what} with HTTP "
                                               f"{status} ({error.error_message}); the batch waits") from None
+            if status is not None and status < 500:  # the same request would be refused again: not worth a wait
+                raise ConfigError(f"the schema registry at {self.url} refused {what} with HTTP {status} "
+                                  f"({error.error_message}); check that schema_registry.url is a Confluent-"
+                                  "compatible API (Apicurio's is at /apis/ccompat/v7), then run again") from None
             raise RegistryUnavailableError(f"the schema registry at {self.url} failed {what} (HTTP {status}); "
                                           "the batch waits and is tried again") from None
         except Exception as error:  # noqa: BLE001 - httpx's and the OS's connection failures

@@ -134,3 +134,25 @@ def test_an_internal_error_prints_one_line_and_logs_the_traceback(tmp_path) -> N
     assert done.stderr.splitlines()[0] == "tidemark: internal error: ZeroDivisionError: division by zero"
     assert f"the traceback is in {log_file}" in done.stderr and "Traceback" not in done.stderr
     assert "ZeroDivisionError" in log_file.read_text() and "Traceback (most recent call last)" in log_file.read_text()
+
+
+@pytest.mark.parametrize(("status", "error"), [
+    (503, "RegistryUnavailableError"), (429, "RegistryUnavailableError"), (408, "RegistryUnavailableError"),
+    (401, "AccessDeniedError"), (422, "ConfigError"), (400, "ConfigError"),
+])
+def test_a_registry_refusal_waits_only_when_asking_again_can_help(status: int, error: str) -> None:
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    from connectors.registry import Registry
+    from tidemark.config import SchemaRegistryConfig
+    from tidemark.settings import Settings
+
+    registry = Registry(SchemaRegistryConfig(url="http://127.0.0.1:9"), Settings())
+
+    def refused() -> None:
+        raise SchemaRegistryError(status, status * 100, "refused")
+
+    with pytest.raises(Exception) as raised:
+        registry._ask("the versions of subject 's'", refused)
+    assert type(raised.value).__name__ == error, raised.value
+    assert registry._ask("a lookup", lambda: (_ for _ in ()).throw(SchemaRegistryError(404, 40401, "no"))) is None
