@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-slow test-s3 bootstrap lint clean
+.PHONY: demo test test-slow test-s3 ci-slow ci-s3 bootstrap lint clean
 
 demo: bootstrap
 	$(BIN)/tidemark demo
@@ -22,6 +22,17 @@ test-slow: bootstrap
 test-s3: bootstrap
 	TIDEMARK_STORAGE=s3 $(BIN)/python -m infra.bootstrap
 	TIDEMARK_TEST_STORAGE=s3 $(BIN)/pytest -m s3
+
+# CI runs the slow and the S3 stages side by side; these slow tests run after the S3 stage's own,
+# so that the two take about as long (`make test-slow` alone runs them all).
+SLOW_AFTER_S3 := tests/integration/test_transactions_crash.py \
+	tests/integration/test_secured_crash.py::test_sigkill_at_every_step_over_sasl_ssl_and_the_password_leaks_nowhere
+
+ci-slow: bootstrap
+	$(BIN)/pytest -m 'slow and not s3' $(addprefix --deselect ,$(SLOW_AFTER_S3))
+
+ci-s3: test-s3
+	$(BIN)/pytest -m 'slow and not s3' $(SLOW_AFTER_S3)
 
 bootstrap: $(STAMP)
 	$(BIN)/python -m infra.bootstrap
