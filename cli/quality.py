@@ -25,14 +25,15 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     from connectors.kafka_config import librdkafka_config, spark_options
     from infra.spark import build_session
-    from quality.audit import audit
+    from quality.audit import audit, registry_of
 
     config, pipeline, bootstrap = pipeline_of(args)
     docs = Path(args.docs) if args.docs else settings().home_dir / "quality"
     spark = build_session(settings(), f"tidemark-check-{pipeline.name}")
     try:
         report = audit(spark, pipeline, kafka_options=spark_options(config.kafka, bootstrap),
-                       client_config=librdkafka_config(config.kafka, bootstrap), docs_dir=docs)
+                       client_config=librdkafka_config(config.kafka, bootstrap), docs_dir=docs,
+                       registry=registry_of(config, pipeline))
     finally:
         spark.stop()
     rows = [(v.suite, v.check, "PASS" if v.passed else "FAIL", v.observed) for v in report.verdicts]

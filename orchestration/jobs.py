@@ -85,10 +85,12 @@ def maintain(spark: SparkSession, config: str, pipeline: str) -> dict[str, Any]:
 
 def audit(spark: SparkSession, config: str, pipeline: str, docs: str | None) -> dict[str, Any]:
     from quality.audit import audit as run_checks
+    from quality.audit import registry_of
 
     ctx = pipeline_context(config, pipeline)
     report = run_checks(spark, ctx.pipeline, kafka_options=ctx.spark_options, client_config=ctx.client_config,
-                        docs_dir=Path(docs) if docs else settings().home_dir / "quality")
+                        docs_dir=Path(docs) if docs else settings().home_dir / "quality",
+                        registry=registry_of(ctx.config, ctx.pipeline))
     return {"passed": report.passed, "docs": str(report.docs),
             "verdicts": [{"suite": v.suite, "check": v.check, "verdict": "PASS" if v.passed else "FAIL",
                           "observed": v.observed} for v in report.verdicts]}

@@ -4,7 +4,10 @@ Three suites, each validated by a GX checkpoint on a Spark DataFrame (GX's Spark
 source) whose results also build the Data Docs site:
 
 * **table** (the target at its current version): event id unique; (topic, partition,
-  offset) unique; Kafka keys not null; columns exactly the pipeline's schema;
+  offset) unique; Kafka keys not null; the columns the pipeline's schema gives (JSON: its
+  ``schema``; Avro: the reader schema of the newest batch) — exactly those under
+  ``schema_evolution: strict``; under ``additive`` at least those, as fields a schema no
+  longer has keep their columns;
 * **transactions** (:func:`quality.facts.transactions`): every source transaction
   complete (G3), including the ones a timeout released;
 * **reconciliation** (:func:`quality.facts.reconciliation`): per partition, Kafka's
@@ -26,10 +29,13 @@ from typing import TYPE_CHECKING, Any
 from pipelines.dedup import EVENT_ID_COLUMN
 from pipelines.transactions.headers import TXN_COLUMN
 from quality import facts
-from tidemark.config import PipelineConfig
+from tidemark.config import PipelineConfig, TidemarkConfig
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+    from connectors.registry import Registry
+    from offsets.ledger import Intent
 
 LINEAGE_NAMES = {"topic": "_kafka_topic", "partition": "_kafka_partition", "offset": "_kafka_offset",
                  "timestamp": "_kafka_timestamp", "key": "_kafka_key", "headers": "_kafka_headers",
@@ -61,8 +67,9 @@ class AuditReport:
 TXN_FIELDS = ("id", "position", "size", "expected", "released")
 
 
-def expected_columns(pipeline: PipelineConfig) -> list[str]:
-    """The table's columns as GX's Spark source lists them: struct fields also as ``a.b``."""
+def expected_columns(pipeline: PipelineConfig, reader: str | None = None) -> list[str]:
+    """The table's columns as GX's Spark source lists them: struct fields also as ``a.b``.
+    ``reader``: an Avro pipeline's reader schema (JSON text), whose fields are its payload's."""
     from pyspark.sql.types import StructType
 
     def flat(schema: StructType, prefix: str = "") -> list[str]:
@@ -73,12 +80,56 @@ def expected_columns(pipeline: PipelineConfig) -> list[str]:
                 names += flat(f.dataType, f"{prefix}{f.name}.")
         return names
 
-    declared = StructType.fromDDL(pipeline.schema_ddl or "")
-    payload = flat(declared) if pipeline.format == "json" and isinstance(declared, StructType) else ["value"]
+    if pipeline.format == "avro":
+        payload = avro_columns(json.loads(reader)) if reader is not None else []
+    else:
+        declared = StructType.fromDDL(pipeline.schema_ddl or "")
+        payload = flat(declared) if pipeline.format == "json" and isinstance(declared, StructType) else ["value"]
     extra = [EVENT_ID_COLUMN]
     if pipeline.transactions.atomic:
         extra += [TXN_COLUMN, *(f"{TXN_COLUMN}.{f}" for f in TXN_FIELDS)]
     return [*payload, *(LINEAGE_NAMES[c] for c in pipeline.lineage), *extra, "_tidemark_ingested_at"]
+
+
+def avro_columns(schema: Any, prefix: str = "") -> list[str]:
+    """An Avro record's fields as the columns spark-avro decodes it into (a record, also inside
+    a union with null, is a struct whose fields are listed too)."""
+    names = []
+    for field in schema.get("fields", []):
+        names.append(prefix + field["name"])
+        kind = field["type"]
+        if isinstance(kind, list):
+            branches = [b for b in kind if b != "null"]
+            kind = branches[0] if len(branches) == 1 else None
+        if isinstance(kind, dict) and kind.get("type") == "record":
+            names += avro_columns(kind, f"{prefix}{field['name']}.")
+    return names
+
+
+def registry_of(config: TidemarkConfig, pipeline: PipelineConfig) -> Registry | None:
+    """The schema registry an Avro pipeline's check reads its reader schema from."""
+    if pipeline.format != "avro":
+        return None
+    from connectors.registry import Registry
+    from tidemark.settings import load_settings
+
+    return Registry(config.schema_registry, load_settings())
+
+
+def reader_schema(pipeline: PipelineConfig, intents: list[Intent], registry: Registry | None) -> str | None:
+    """An Avro pipeline's reader schema: its newest batch's (None before any batch decoded one)."""
+    if pipeline.format != "avro":
+        return None
+    from pipelines.avro import schema_text
+    from tidemark.errors import ConfigError
+
+    newest = next((i.schemas for i in reversed(intents) if i.schemas is not None), None)
+    if newest is None:
+        return None
+    if registry is None:
+        raise ConfigError(f"pipeline {pipeline.name!r} reads Avro: its check needs the schema registry "
+                          "(schema_registry in the config)")
+    return schema_text(registry, newest.reader, newest.subject)
 
 
 #: The lineage suite's one column: a record's topic, partition and offset as one string.
@@ -89,13 +140,14 @@ def _has_record_lineage(pipeline: PipelineConfig) -> bool:
     return {"topic", "partition", "offset"} <= set(pipeline.lineage)
 
 
-def _suites(pipeline: PipelineConfig) -> dict[str, list[tuple[str, Any]]]:
+def _suites(pipeline: PipelineConfig, reader: str | None = None) -> dict[str, list[tuple[str, Any]]]:
     import great_expectations.expectations as gxe
 
+    strict = pipeline.schema_evolution == "strict"
     table: list[tuple[str, Any]] = [
         ("event id unique", gxe.ExpectColumnValuesToBeUnique(column=EVENT_ID_COLUMN)),
-        ("columns match the pipeline's schema",
-         gxe.ExpectTableColumnsToMatchSet(column_set=expected_columns(pipeline), exact_match=True)),
+        ("columns match the pipeline's schema" if strict else "columns include the pipeline's schema",
+         gxe.ExpectTableColumnsToMatchSet(column_set=expected_columns(pipeline, reader), exact_match=strict)),
     ]
     if "key" in pipeline.lineage:
         table.append(("Kafka keys not null", gxe.ExpectColumnValuesToNotBeNull(column="_kafka_key")))
@@ -129,8 +181,9 @@ def _observed(result: Any) -> str:
 
 
 def audit(spark: SparkSession, pipeline: PipelineConfig, *, kafka_options: dict[str, str],
-          client_config: dict[str, str], docs_dir: Path) -> AuditReport:
-    """Validate the pipeline's table with GX, update the Data Docs, return the verdicts."""
+          client_config: dict[str, str], docs_dir: Path, registry: Registry | None = None) -> AuditReport:
+    """Validate the pipeline's table with GX, update the Data Docs, return the verdicts
+    (``registry``: an Avro pipeline's, for its reader schema)."""
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")  # no usage statistics leave the machine
     import great_expectations as gx
     from great_expectations.checkpoint import UpdateDataDocsAction
@@ -164,7 +217,7 @@ def audit(spark: SparkSession, pipeline: PipelineConfig, *, kafka_options: dict[
     context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
     source = context.data_sources.add_or_update_spark(name="tidemark")
     verdicts: list[Verdict] = []
-    for suite_name, checks in _suites(pipeline).items():
+    for suite_name, checks in _suites(pipeline, reader_schema(pipeline, intents, registry)).items():
         name = f"{pipeline.name}.{suite_name}"
         try:
             asset = source.get_asset(name)

@@ -50,7 +50,7 @@ def _columns(df) -> dict[str, str]:  # type: ignore[no-untyped-def]
 
 
 def test_a_subject_evolving_mid_stream_lands_every_record_with_its_writer_schema(  # type: ignore[no-untyped-def]
-        spark, kafka_bootstrap: str, topic_factory, table_root: str, schema_registry: str) -> None:
+        spark, kafka_bootstrap: str, topic_factory, table_root: str, schema_registry: str, tmp_path) -> None:
     topic = topic_factory("avro")
     subject = f"{topic}-value"
     target = f"{table_root}/orders"
@@ -119,6 +119,21 @@ def test_a_subject_evolving_mid_stream_lands_every_record_with_its_writer_schema
     assert shape is not None and shape.columns == len(table.columns)
     assert schema_summary("avro", last, shape) == (f"{subject}: id {v3} (also reads ids {v1}, {v2}); "
                                                    f"target {len(table.columns)} columns")
+
+    # The quality suite checks the table's columns against the newest batch's reader schema (v3),
+    # at least those under additive evolution, exactly those under strict.
+    from quality.audit import audit, expected_columns, registry_of
+
+    for mode in ("additive", "strict"):
+        config = parse_config({"pipelines": [{"name": "orders", "topics": [topic], "target": target,
+                                              "format": "avro", "schema_evolution": mode}]})
+        pipeline = config.pipelines[0]
+        report = audit(spark, pipeline, kafka_options={"kafka.bootstrap.servers": kafka_bootstrap},
+                       client_config={"bootstrap.servers": kafka_bootstrap}, docs_dir=tmp_path / "docs",
+                       registry=registry_of(config, pipeline))
+        (columns,) = [v for v in report.verdicts if v.check.startswith("columns")]
+        assert columns.passed, columns
+        assert {"id", "note", "channel"} <= set(expected_columns(pipeline, json.dumps(V3)))
 
     # An incompatible version (the subject's compatibility turned off to let it in): a clear stop,
     # nothing claimed or written; once the operator deletes the version, the pipeline goes on.

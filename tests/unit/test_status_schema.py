@@ -35,3 +35,14 @@ def test_a_batch_schemas_survive_the_ledger_row_round_trip() -> None:
     row["ranges"] = [dict(zip(("topic", "partition", "start_offset", "end_offset"), r, strict=True))
                      for r in row["ranges"]]
     assert _intent(row) == intent and _intent(row).schemas == Schemas("t-value", (1, 5, 8), 8)
+
+
+def test_the_quality_suite_expects_an_avro_readers_fields_as_spark_avro_decodes_them() -> None:
+    from quality.audit import avro_columns
+
+    reader = {"type": "record", "name": "Order", "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "ship", "type": ["null", {"type": "record", "name": "Ship", "fields": [
+            {"name": "city", "type": "string"}]}], "default": None},
+        {"name": "choice", "type": ["null", "int", "string"]}]}
+    assert avro_columns(reader) == ["id", "ship", "ship.city", "choice"]
