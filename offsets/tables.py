@@ -55,17 +55,33 @@ def write_small_file(spark: SparkSession, path: str, data: bytes) -> None:
 
 
 def read_small_file(spark: SparkSession, path: str) -> bytes | None:
-    """A small file's bytes through Hadoop, or None if it does not exist."""
+    """A small file's bytes through Hadoop, or None if it does not exist.
+
+    Another process may replace the file while it is read. On S3, S3A then refuses the read
+    (``RemoteFileChangedException``: the object's ETag changed between open and GET) rather
+    than mix two versions; it is read again, whole, from the newer one.
+    """
+    from py4j.protocol import Py4JJavaError
+
     target, fs = _hadoop_path(spark, path)
-    if not fs.exists(target):
-        return None
     jvm = spark.sparkContext._jvm
     assert jvm is not None
-    stream = fs.open(target)
-    try:
-        return bytes(jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
-    finally:
-        stream.close()
+    for attempt in range(5):
+        if not fs.exists(target):
+            return None
+        try:
+            stream = fs.open(target)
+            try:
+                return bytes(jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
+            finally:
+                stream.close()
+        except Py4JJavaError as error:
+            name = error.java_exception.getClass().getName()
+            if name.endswith("FileNotFoundException"):
+                continue  # replaced or removed between the check and the open: look again
+            if not name.endswith("RemoteFileChangedException") or attempt == 4:
+                raise
+    return None
 
 
 def txn_version(path: str, app_id: str) -> int | None:
