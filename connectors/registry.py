@@ -45,6 +45,24 @@ def client_config(config: SchemaRegistryConfig, url: str) -> dict[str, Any]:
     return conf
 
 
+def refusal(url: str, what: str, error: Any, *, waits: str) -> Exception:
+    """A registry's HTTP error (confluent-kafka's ``SchemaRegistryError``) as Tidemark's: waited
+    out only where asking again can help (5xx, 408, 429), so nothing retries a refusal forever.
+    ``waits``: what the caller does meanwhile."""
+    status = error.http_status_code
+    if status in (401, 403):
+        return AccessDeniedError(f"the schema registry at {url} refused {what} (HTTP {status}): check "
+                                 "schema_registry.basic_auth_username and its password")
+    if status in (408, 429):
+        return RegistryUnavailableError(f"the schema registry at {url} answered {what} with HTTP {status} "
+                                        f"({error.error_message}); {waits}")
+    if status is not None and status < 500:  # the same request would be refused again: not worth a wait
+        return ConfigError(f"the schema registry at {url} refused {what} with HTTP {status} "
+                           f"({error.error_message}); check that schema_registry.url is a Confluent-"
+                           "compatible API (Apicurio's is at /apis/ccompat/v7), then run again")
+    return RegistryUnavailableError(f"the schema registry at {url} failed {what} (HTTP {status}); {waits}")
+
+
 @dataclass(frozen=True)
 class Version:
     version: int
@@ -65,21 +83,9 @@ class Registry:
         try:
             return call()
         except SchemaRegistryError as error:
-            status = error.http_status_code
-            if status == 404:
+            if error.http_status_code == 404:
                 return None
-            if status in (401, 403):
-                raise AccessDeniedError(f"the schema registry at {self.url} refused {what} (HTTP {status}): check "
-                                        "schema_registry.basic_auth_username and its password") from None
-            if status in (408, 429):
-                raise RegistryUnavailableError(f"the schema registry at {self.url} answered {what} with HTTP "
-                                              f"{status} ({error.error_message}); the batch waits") from None
-            if status is not None and status < 500:  # the same request would be refused again: not worth a wait
-                raise ConfigError(f"the schema registry at {self.url} refused {what} with HTTP {status} "
-                                  f"({error.error_message}); check that schema_registry.url is a Confluent-"
-                                  "compatible API (Apicurio's is at /apis/ccompat/v7), then run again") from None
-            raise RegistryUnavailableError(f"the schema registry at {self.url} failed {what} (HTTP {status}); "
-                                          "the batch waits and is tried again") from None
+            raise refusal(self.url, what, error, waits="the batch waits and is tried again") from None
         except Exception as error:  # noqa: BLE001 - httpx's and the OS's connection failures
             raise RegistryUnavailableError(
                 f"the schema registry at {self.url} does not answer ({type(error).__name__}: {error}); the batch "

@@ -24,7 +24,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from connectors.registry import client_config, registry_url
+from connectors.registry import client_config, refusal, registry_url
 from tidemark.config import RelayConfig, SchemaRegistryConfig
 from tidemark.errors import ConfigError, RegistryUnavailableError
 from tidemark.settings import Settings
@@ -91,12 +91,8 @@ class PayloadEncoder:
                                   f"as a new version of {subject!r} (incompatible with its versions under the "
                                   "subject's compatibility rule); make the schema compatible, then start the "
                                   "relay again") from None
-            if exc.http_status_code in (401, 403):
-                raise ConfigError(f"the schema registry at {self.url} refused the relay (HTTP "
-                                  f"{exc.http_status_code}) on {subject!r}: check schema_registry's credentials "
-                                  "and their rights on the subject") from None
-            raise RegistryUnavailableError(f"the schema registry at {self.url} failed looking up {subject!r} "
-                                           f"(HTTP {exc.http_status_code}); run the relay again once it answers") from None
+            raise refusal(self.url, f"the relay's lookup of {subject!r}", exc,
+                          waits="run the relay again once it answers") from None
         except (ValueError, TypeError, KeyError, AttributeError) as exc:  # fastavro's refusals of the record
             raise InvalidPayload(f"the payload does not match the schema of {topic}-value: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - httpx's and the OS's connection failures
