@@ -76,12 +76,13 @@ def build(home: Path) -> Path:
     import pyspark
 
     shipped = Path(pyspark.__file__).parent / "jars"
-    delta_storage = [j for j in jar_cache.cached(home, "spark").jars if j.name.startswith("delta-storage-")]
+    from_cache = [j for j in jar_cache.cached(home, "spark").jars
+                  if j.name.startswith(("delta-storage-", "protobuf-java-"))]
     compile_against = ("spark-sql-api_*.jar", "spark-sql_2*.jar", "spark-catalyst_*.jar", "spark-unsafe_*.jar",
                        "spark-common-utils_*.jar", "scala-library-*.jar", "jackson-core-*.jar", "kryo-shaded-*.jar",
                        "hadoop-client-api-*.jar", "slf4j-api-*.jar")
     classpath = ":".join(str(j) for j in [*(j for pattern in compile_against for j in shipped.glob(pattern)),
-                                          *delta_storage])
+                                          *from_cache])
     with tempfile.TemporaryDirectory() as tmp:
         classes = Path(tmp) / "classes"
         steps = [[javac, "--release", "17", "-cp", classpath, "-d", str(classes), *map(str, _sources())],
@@ -108,3 +109,4 @@ def register(spark: SparkSession) -> None:
     spark._jvm.io.tidemark.spark.JsonFromBytes.register(spark._jsparkSession)  # type: ignore[union-attr]
     spark._jvm.io.tidemark.spark.BatchConstant.register(spark._jsparkSession)  # type: ignore[union-attr]
     spark._jvm.io.tidemark.spark.TxnHeaders.register(spark._jsparkSession)  # type: ignore[union-attr]
+    spark._jvm.io.tidemark.spark.ProtobufFromBytes.register(spark._jsparkSession)  # type: ignore[union-attr]

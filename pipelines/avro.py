@@ -1,7 +1,7 @@
 """``format: avro``: Confluent-framed Avro, each record decoded with its own writer schema.
 
 A record's value is the magic byte 0, the writer schema's id (4 bytes, big-endian) and the
-Avro body. Step 2 fixes the batch's schemas (:func:`plan`): the subject's versions, read
+Avro body. Step 2 fixes the batch's schemas (:func:`pipelines.subjects.plan`): the subject's versions, read
 after the batch's LSO snapshot, are every schema a record of the batch can have been
 written with; the newest is the reader schema, into which Avro's schema resolution reads
 every record (a field a writer lacks takes its default; an int read as a long widens). The
@@ -23,33 +23,14 @@ from typing import TYPE_CHECKING, Any
 
 from connectors.registry import Registry
 from offsets.ledger import Schemas
-from tidemark.config import PipelineConfig
-from tidemark.errors import ConfigError, ServiceUnavailableError
+from pipelines.subjects import schema_text
+from tidemark.errors import ConfigError
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
 
 #: The reader schema's own field: true after a decode, null when the body did not decode.
 DECODED = "_tidemark_decoded"
-
-
-def plan(registry: Registry, pipeline: PipelineConfig) -> Schemas:
-    """The schemas of a batch planned now (call it after the batch's LSO snapshot)."""
-    subject = pipeline.registry_subject
-    versions = registry.versions(subject)
-    if not versions:
-        raise ConfigError(f"pipeline {pipeline.name!r}: subject {subject!r} has no versions in the schema registry "
-                          f"at {registry.url}: register the topic's schema there, or set `subject` to the one its "
-                          "producers use. Nothing was read")
-    return Schemas(subject, tuple(v.schema_id for v in versions), versions[-1].schema_id)
-
-
-def schema_text(registry: Registry, schema_id: int, subject: str) -> str:
-    found = registry.schema(schema_id)
-    if found is None:  # a version's id the registry itself listed: it was deleted since
-        raise ServiceUnavailableError(f"schema id {schema_id} of subject {subject!r} is no longer in the registry at "
-                                      f"{registry.url}; restore it (a batch planned with it must decode with it)")
-    return found
 
 
 def reader_with_marker(reader: str) -> str:

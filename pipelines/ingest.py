@@ -24,7 +24,7 @@ from connectors.sizes import bytes_per_offset
 from offsets.frames import BatchResult
 from offsets.ledger import Intent, Schemas
 from offsets.protocol import CommitProtocol
-from pipelines import avro, transactions
+from pipelines import subjects, transactions
 from pipelines.dedup import table_version
 from pipelines.evolution import SchemaChange, compare
 from pipelines.transform import columns_ahead, frames, good_schema
@@ -87,8 +87,8 @@ class IngestJob:
         """The admin client this run's snapshots share (:meth:`_run_scope`)."""
         self._listed: dict[int, transactions.RelayRanges] = {}
         """Per batch cut from the manifest: what it listed (its write's guard lets those transactions be)."""
-        self.registry = Registry(config.schema_registry, load_settings()) if pipeline.format == "avro" else None
-        """Where a ``format: avro`` pipeline's schemas are read (:mod:`pipelines.avro`)."""
+        self.registry = Registry(config.schema_registry, load_settings()) if pipeline.uses_registry else None
+        """Where an Avro or Protobuf pipeline's schemas are read (:mod:`pipelines.subjects`)."""
         self._checked_schemas: Schemas | None = None
         """The newest batch schemas checked against the target (:meth:`_check_schemas`)."""
         self.protocol = CommitProtocol(
@@ -130,7 +130,7 @@ class IngestJob:
                 intent = transactions.cut(self.client_config, self.pipeline, intent, bounds, last)
         self.held = intent.held
         if self.registry is not None:
-            intent = replace(intent, schemas=avro.plan(self.registry, self.pipeline))
+            intent = replace(intent, schemas=subjects.plan(self.registry, self.pipeline))
             self._check_schemas(intent.schemas)
         if self.pipeline.dedup is not None:
             intent = replace(intent, dedup_version=table_version(self.spark, self.dedup_table))
@@ -235,7 +235,7 @@ class IngestJob:
         anything is claimed; else let step 4 write the change in the batch's own commit."""
         if self.schema_change is not None:
             return
-        if self.pipeline.format == "avro":  # each batch's schemas are checked when it is planned
+        if self.pipeline.uses_registry:  # each batch's schemas are checked when it is planned
             self.schema_change = SchemaChange()
             return
         self.schema_change = self._evolve_to(lambda: good_schema(self.spark, self.kafka_options, self.pipeline),
@@ -244,12 +244,13 @@ class IngestJob:
             self.protocol.target_options = {"mergeSchema": "true"}
 
     def _check_schemas(self, schemas: Schemas | None) -> None:
-        """``format: avro``: a batch's reader schema against the target's, before its claim (once per
+        """Avro and Protobuf: a batch's reader schema against the target's, before its claim (once per
         new set of schemas); stops on a change ``schema_evolution`` refuses."""
         if schemas is None or schemas == self._checked_schemas:
             return
-        self._evolve_to(lambda: good_schema(self.spark, self.kafka_options, self.pipeline, schemas, self.registry),
-                        f"schema id {schemas.reader} of subject {schemas.subject}")
+        # Built even before the target exists: a schema that cannot be decoded stops here, unclaimed.
+        batch = good_schema(self.spark, self.kafka_options, self.pipeline, schemas, self.registry)
+        self._evolve_to(lambda: batch, f"schema id {schemas.reader} of subject {schemas.subject}")
         self._checked_schemas = schemas
 
     def _evolve_to(self, batch_schema: Callable[[], StructType], what: str) -> SchemaChange:

@@ -27,7 +27,7 @@ from connectors.kafka_config import fingerprint
 from offsets.cut import RelayRanges
 from offsets.frames import ERROR_COLUMN, BatchFrames, Guard, guarded_error
 from offsets.ledger import Intent, Schemas
-from pipelines.avro import decode_columns
+from pipelines import avro, protobuf
 from pipelines.dedup import EVENT_ID_COLUMN, flag_duplicates
 from pipelines.transactions.headers import (
     HEADERS_COLUMN,
@@ -170,7 +170,7 @@ class FrameColumns:
 
 
 #: Per session, the :class:`FrameColumns` of each pipeline configuration a job built them for
-#: (a future: :func:`columns_ahead` may still be building them), and for ``format: avro`` of
+#: (a future: :func:`columns_ahead` may still be building them), and for Avro and Protobuf of
 #: each set of schemas its batches decode with.
 _Key = tuple[PipelineConfig, Schemas | None]
 _KEPT_COLUMNS: weakref.WeakKeyDictionary[SparkSession, dict[_Key, Future[FrameColumns]]] = (
@@ -184,7 +184,7 @@ KEPT_COLUMNS_PER_SESSION = 64
 def frame_columns(spark: SparkSession, pipeline: PipelineConfig, schemas: Schemas | None = None,
                   registry: Registry | None = None) -> FrameColumns:
     """:class:`FrameColumns` of ``pipeline`` in ``spark`` (whose functions decide some of them);
-    for ``format: avro``, of the batch's ``schemas``, read from ``registry``.
+    for Avro and Protobuf, of the batch's ``schemas``, read from ``registry``.
 
     Built once per session and configuration: a served driver's scheduled runs, each a new
     job, then skip the hundred-odd py4j round trips (0.05-0.1 s of a G3 run's step 4,
@@ -204,10 +204,10 @@ def columns_ahead(spark: SparkSession, pipeline: PipelineConfig) -> None:
     4's pass is prepared while the claim commits, and a G3 pipeline's took longer than the
     claim (0.06 s of its 0.14 s prepare against plain's 0.03 s of 0.08 s; measured on 2 cores). Started before the job's LSO snapshot, the build overlaps that, step 1 and
     step 2 (the manifest read), which wait on Kafka and Delta. A failure is left for the
-    batch's own call, which raises it. (Not for ``format: avro``, whose columns wait for the
+    batch's own call, which raises it. (Not for Avro or Protobuf, whose columns wait for the
     batch's schemas.)
     """
-    if pipeline.format == "avro":
+    if pipeline.uses_registry:
         return
     key = (pipeline, None)
     future, mine = _claim_columns(spark, key)
@@ -290,11 +290,15 @@ def _frame_columns(spark: SparkSession, pipeline: PipelineConfig, schemas: Schem
                            .when(F.col(f"_parsed.{_CORRUPT}").isNotNull(),
                                  F.lit(f"value does not parse as JSON matching the schema: {pipeline.schema_ddl}")))
         payload = [F.col(f"_parsed.`{f.name}`").alias(f.name) for f in schema.fields]
-    elif pipeline.format == "avro":
+    elif pipeline.uses_registry:
         if schemas is None or registry is None:
-            raise ConfigError(f"pipeline {pipeline.name!r}: batch without its Avro schemas (planned before the "
-                              "pipeline was `format: avro`?); move the pipeline past it with `tidemark offsets seek`")
-        first["_parsed"], error, fields = decode_columns(registry, schemas)
+            raise ConfigError(f"pipeline {pipeline.name!r}: batch without its registry schemas (planned before the "
+                              f"pipeline was `format: {pipeline.format}`?); move the pipeline past it with "
+                              "`tidemark offsets seek`")
+        if pipeline.format == "avro":
+            first["_parsed"], error, fields = avro.decode_columns(registry, schemas)
+        else:
+            first["_parsed"], error, fields = protobuf.decode_columns(registry, schemas, pipeline)
         payload = [F.col(f"_parsed.`{name}`").alias(name) for name in fields]
     else:
         error = value_error
@@ -341,7 +345,7 @@ def _frame_columns(spark: SparkSession, pipeline: PipelineConfig, schemas: Schem
 
 def good_schema(spark: SparkSession, kafka_options: dict[str, str], pipeline: PipelineConfig,
                 schemas: Schemas | None = None, registry: Registry | None = None) -> StructType:
-    """The schema of the rows ``pipeline``'s batches (of ``schemas``, for ``format: avro``) append to
+    """The schema of the rows ``pipeline``'s batches (of ``schemas``, for Avro and Protobuf) append to
     its target (analysed, no job run)."""
     from datetime import UTC, datetime
 
@@ -356,7 +360,7 @@ def frames(spark: SparkSession, kafka_options: dict[str, str], pipeline: Pipelin
            registry: Registry | None = None) -> BatchFrames:
     """The batch's frames; ``dedup_table`` is where dedup looks ids up (default: the target);
     ``listed``: what a manifest cut listed for it (the guard lets those transactions be);
-    ``registry``: where a ``format: avro`` batch's schemas are read."""
+    ``registry``: where an Avro or Protobuf batch's schemas are read."""
     from pyspark.sql import functions as F
 
     cols = frame_columns(spark, pipeline, intent.schemas, registry)  # kept per session and configuration

@@ -120,7 +120,7 @@ def reader_schema(pipeline: PipelineConfig, intents: list[Intent], registry: Reg
     """An Avro pipeline's reader schema: its newest batch's (None before any batch decoded one)."""
     if pipeline.format != "avro":
         return None
-    from pipelines.avro import schema_text
+    from pipelines.subjects import schema_text
     from tidemark.errors import ConfigError
 
     newest = next((i.schemas for i in reversed(intents) if i.schemas is not None), None)

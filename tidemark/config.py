@@ -307,13 +307,18 @@ class PipelineConfig(BaseModel):
     """Delta table path (local path or object-store URI)."""
     quarantine: str | None = None
     """Delta table for records that fail parsing; default ``<target>_quarantine``."""
-    format: Literal["json", "raw", "avro"] = "json"
+    format: Literal["json", "raw", "avro", "protobuf"] = "json"
     """``json``: parse values against ``schema``; ``raw``: keep value bytes as they are; ``avro``:
     Confluent-framed Avro, decoded with each record's writer schema from ``schema_registry``
-    into the subject's newest version (``pipelines.avro``)."""
+    into the subject's newest version (``pipelines.avro``); ``protobuf``: Confluent-framed
+    Protobuf, parsed with each record's writer schema and read into the newest version's
+    message by field number (``pipelines.protobuf``)."""
     subject: str | None = None
-    """``avro``: the registry subject whose versions the records are written with (default
-    ``<topic>-value``, Confluent's TopicNameStrategy, for a pipeline of one topic)."""
+    """``avro``, ``protobuf``: the registry subject whose versions the records are written with
+    (default ``<topic>-value``, Confluent's TopicNameStrategy, for a pipeline of one topic)."""
+    message: str | None = None
+    """``protobuf``: the full name of the message the table's columns follow (e.g.
+    ``shop.Order``); default the first message of the subject's newest version."""
     schema_ddl: str | None = Field(default=None, alias="schema")
     """Spark DDL of the JSON payload, e.g. ``order_id STRING, amount DECIMAL(12,2)``."""
     schema_evolution: Literal["additive", "strict"] = "additive"
@@ -367,20 +372,27 @@ class PipelineConfig(BaseModel):
         if self.format == "json" and not self.schema_ddl:
             raise ValueError("format json needs `schema` (Spark DDL), or use format: raw")
         if self.event_id.startswith("field:") and self.format == "raw":
-            raise ValueError("event_id field:<name> needs format json or avro; use header:<name> or key")
-        if self.format == "avro":
+            raise ValueError("event_id field:<name> needs format json, avro or protobuf; use header:<name> or key")
+        if self.uses_registry:
             if self.schema_ddl:
-                raise ValueError("format avro takes its schema from the registry: remove `schema`")
+                raise ValueError(f"format {self.format} takes its schema from the registry: remove `schema`")
             if self.subject is None and len(self.topics) != 1:
-                raise ValueError("format avro reads one subject: give `subject`, or read one topic "
+                raise ValueError(f"format {self.format} reads one subject: give `subject`, or read one topic "
                                  "(its subject is <topic>-value)")
+        if self.message is not None and self.format != "protobuf":
+            raise ValueError("`message` names a Protobuf message: it applies to format: protobuf")
         if self.transactions.atomic and not {"topic", "partition", "offset"} <= set(self.lineage):
             raise ValueError("transactions.atomic needs the topic, partition and offset lineage columns")
         return self
 
     @property
+    def uses_registry(self) -> bool:
+        """Are the records decoded with schemas from ``schema_registry`` (Avro, Protobuf)?"""
+        return self.format in ("avro", "protobuf")
+
+    @property
     def registry_subject(self) -> str:
-        """The subject an ``avro`` pipeline decodes with."""
+        """The subject an ``avro`` or ``protobuf`` pipeline decodes with."""
         return self.subject or f"{self.topics[0]}-value"
 
     def in_scope(self, topic: str) -> bool:
@@ -462,12 +474,13 @@ class RelayConfig(BaseModel):
     ``stop`` the relay before anything of its source transaction is produced, naming it, until
     an operator runs ``tidemark relay dead-letter --xid N``; or ``dead_letter`` the whole source
     transaction (every event, into ``<table>_dead_letters``) and go on. Never half of it."""
-    format: Literal["json", "avro"] = "json"
-    """``json``: each event's value is its ``jsonb`` payload as text. ``avro``: the payload serialized
-    with the newest version of its topic's subject (``<topic>-value``) in ``schema_registry``, in
-    Confluent's framing; schemas are registered ahead (a JSON payload names no schema to register)."""
+    format: Literal["json", "avro", "protobuf"] = "json"
+    """``json``: each event's value is its ``jsonb`` payload as text. ``avro``, ``protobuf``: the
+    payload serialized with the newest version of its topic's subject (``<topic>-value``) in
+    ``schema_registry``, in Confluent's framing (Protobuf: the version's first message, its JSON
+    mapping); schemas are registered ahead (a JSON payload names no schema to register)."""
     on_invalid_payload: Literal["stop", "dead_letter"] = "stop"
-    """``avro``: an event whose payload does not match its subject's schema (or a ``bytea`` payload
+    """``avro``, ``protobuf``: an event whose payload does not match its subject's schema (or a ``bytea`` payload
     not in Confluent's framing): ``stop`` the relay before anything of its source transaction is
     produced, naming it (as ``on_oversized``), or ``dead_letter`` the whole source transaction and go on."""
     schemas: dict[str, Path] = {}
