@@ -1,23 +1,33 @@
-"""Avro ingest through a schema registry, against Structured Streaming's ``from_avro`` and Tidemark's JSON.
+"""Avro and Protobuf ingest through a schema registry, against Structured Streaming's ``from_avro`` and Tidemark's JSON.
 
 A throwaway broker and registry (the embedded Apicurio Registry). One topic gets
 ``--records`` Avro values of about 1 KB in Confluent's framing: a 20-field record, written
 with three versions of its subject interleaved (v2 adds a field with a default, v3 another
-and widens an int to a long). A second topic gets the same records as JSON. Side by side in
-one session, order rotating over ``--reps``:
+and widens an int to a long). A second topic gets the same records as JSON, a third as
+Protobuf in Confluent's framing, written with three versions of a ``.proto`` subject that
+mirror the Avro ones (v2 adds ``channel``, v3 adds ``region`` and widens ``qty`` from int32
+to int64; Apicurio's BACKWARD rule refuses that widening for Protobuf, so the subject's
+compatibility is set to NONE before v3). Side by side in one session, order rotating over
+``--reps``:
 
 * ``tidemark-avro``: ``format: avro`` — each record decoded with its own writer schema
   into v3, every guarantee on (intent ledger, one Delta commit per batch with its offsets);
 * ``structured-streaming-avro``: ``readStream.format("kafka")`` → ``from_avro`` of
   ``substring(value, 6)`` with one fixed schema (v3, PERMISSIVE: v1 and v2 records decode
   wrongly, as such a job's would) → ``writeStream.format("delta")``, AvailableNow;
-* ``tidemark-json``: Tidemark's JSON ingest of the same records.
+* ``tidemark-json``: Tidemark's JSON ingest of the same records;
+* ``tidemark-protobuf``: ``format: protobuf`` — each record parsed with its own writer's
+  descriptor and read into v3's message by field number (proto3: a v1 record's ``channel``
+  and ``region`` read as ``""``), every guarantee on as for Avro.
 
-Each Tidemark run is checked: every record once, every field decoded. Reported: records/s
-per run, medians, and the ratios Avro / Structured Streaming and Avro / JSON.
+Each Tidemark run is checked: every record once, every field decoded (each version's
+``channel`` and ``region`` as written or as the reader's default). Reported: records/s per
+run, medians, and the throughput ratios Avro / Structured Streaming, Avro / JSON and
+Protobuf / Avro, each with its noise band: the smallest and largest ratio of the two
+contenders' runs in one round.
 
     .venv/bin/python -m bench.avro_bench --reps 2 --json docs/bench/avro.json --png docs/bench/avro.png
-    .venv/bin/python -m bench.avro_bench --records 50000 --reps 1
+    .venv/bin/python -m bench.avro_bench --records 20000 --reps 1
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ import statistics
 import struct
 import tempfile
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -51,6 +62,17 @@ DDL = ", ".join(f"{f['name']} {({'string': 'STRING', 'double': 'DOUBLE', 'int': 
                 for f in V3["fields"])
 
 
+def _proto(schema: dict[str, Any]) -> str:
+    """The ``.proto`` twin of an Avro version: the same fields in the same order, numbered from 1."""
+    kinds = {"string": "string", "double": "double", "int": "int32", "long": "int64"}
+    fields = " ".join(f"{kinds[f['type']]} {f['name']} = {n};" for n, f in enumerate(schema["fields"], 1))
+    return f'syntax = "proto3";\npackage bench;\nmessage Order {{ {fields} }}\n'
+
+
+#: The Protobuf subject's versions (proto3: no presence, so a field a writer lacks reads as ``""``).
+PROTO = {1: _proto(V1), 2: _proto(V2), 3: _proto(V3)}
+
+
 def _record(rng: random.Random, i: int, version: int, value_bytes: int) -> dict[str, Any]:
     record: dict[str, Any] = {
         "order_id": f"o-{i}", "customer": f"c-{rng.randrange(10_000)}", "amount": round(rng.uniform(1, 500), 2),
@@ -66,13 +88,22 @@ def _record(rng: random.Random, i: int, version: int, value_bytes: int) -> dict[
     return record
 
 
-def produce(bootstrap: str, avro_topic: str, json_topic: str, ids: dict[int, int], records: int,
+def produce(bootstrap: str, topics: dict[str, str], ids: dict[str, dict[int, int]], records: int,
             value_bytes: int) -> None:
-    """The same records to both topics: Confluent-framed Avro (versions interleaved) and JSON."""
+    """The same records to the three ``topics`` (by format): Confluent-framed Avro and Protobuf
+    (writer versions interleaved, ``ids`` by format and version) and JSON."""
     import fastavro
     from confluent_kafka import Producer
+    from google.protobuf import message_factory
+
+    from connectors.protobuf_schemas import compile_schema, frame, indexes, message
 
     parsed = {v: fastavro.parse_schema(s) for v, s in ((1, V1), (2, V2), (3, V3))}
+    protos = {}  # version -> (message class, Confluent framing's header)
+    for version, text in PROTO.items():
+        descriptor = message(compile_schema(text, f"bench v{version}"), "bench.Order", f"bench v{version}")
+        protos[version] = (message_factory.GetMessageClass(descriptor),
+                           frame(ids["protobuf"][version], indexes(descriptor), b""))
     rng = random.Random(7)
     producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"bench-{uuid.uuid4().hex[:8]}",
                          "enable.idempotence": True, "linger.ms": 20, "batch.size": 1_000_000,
@@ -87,10 +118,12 @@ def produce(bootstrap: str, avro_topic: str, json_topic: str, ids: dict[int, int
             body = io.BytesIO()
             fastavro.schemaless_writer(body, parsed[version], record)
             partition = written % PARTITIONS
-            producer.produce(avro_topic, value=struct.pack(">bI", 0, ids[version]) + body.getvalue(),
+            producer.produce(topics["avro"], value=struct.pack(">bI", 0, ids["avro"][version]) + body.getvalue(),
                              partition=partition)
             full = {**{f["name"]: f.get("default") for f in V3["fields"]}, **record}
-            producer.produce(json_topic, value=json.dumps(full).encode(), partition=partition)
+            producer.produce(topics["json"], value=json.dumps(full).encode(), partition=partition)
+            cls, head = protos[version]
+            producer.produce(topics["protobuf"], value=head + cls(**record).SerializeToString(), partition=partition)
             written += 1
             if written % 10_000 == 0:
                 producer.poll(0)
@@ -98,10 +131,30 @@ def produce(bootstrap: str, avro_topic: str, json_topic: str, ids: dict[int, int
     producer.flush(60)
 
 
-def register(url: str, subject: str, schema: dict[str, Any]) -> int:
+def register(url: str, subject: str, schema: dict[str, Any] | str, kind: str = "AVRO") -> int:
+    """Register ``schema`` (an Avro schema, or ``.proto`` text with ``kind="PROTOBUF"``) under ``subject``; its id."""
     from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
-    return int(SchemaRegistryClient({"url": url}).register_schema(subject, Schema(json.dumps(schema), "AVRO")))
+    text = schema if isinstance(schema, str) else json.dumps(schema)
+    return int(SchemaRegistryClient({"url": url}).register_schema(subject, Schema(text, kind)))
+
+
+def register_all(url: str, avro_topic: str, protobuf_topic: str) -> dict[str, dict[int, int]]:
+    """Both subjects' three versions; the Protobuf subject's compatibility NONE before v3
+    (Apicurio's BACKWARD refuses int32 -> int64 for Protobuf)."""
+    ids = {"avro": {v: register(url, f"{avro_topic}-value", s) for v, s in ((1, V1), (2, V2), (3, V3))},
+           "protobuf": {}}
+    subject = f"{protobuf_topic}-value"
+    for version in (1, 2, 3):
+        if version == 3:
+            request = urllib.request.Request(f"{url}/config/{subject}", method="PUT",
+                                             data=json.dumps({"compatibility": "NONE"}).encode(),
+                                             headers={"Content-Type": "application/vnd.schemaregistry.v1+json"})
+            urllib.request.urlopen(request, timeout=10).read()
+        ids["protobuf"][version] = register(url, subject, PROTO[version], "PROTOBUF")
+    if len(set(ids["protobuf"].values())) != 3:
+        raise AssertionError(f"{subject}: expected three schema ids, got {ids['protobuf']}")
+    return ids
 
 
 def run_tidemark(spark: Any, bootstrap: str, topic: str, target: Path, registry: str, fmt: str) -> int:
@@ -141,13 +194,26 @@ def run_structured_streaming(spark: Any, bootstrap: str, topic: str, target: Pat
 
 
 def verify(spark: Any, target: Path, expected: int) -> None:
-    """Every record once, every field decoded (v1's records with v2's and v3's defaults)."""
+    """Every record once, every field decoded (v1's records with v2's and v3's defaults: Avro's
+    and JSON's ``web``/``eu``, proto3's ``""``), each version's ``channel`` and ``region`` as written."""
     stats = (spark.read.format("delta").load(str(target))
              .selectExpr("count(*) AS n", "count(DISTINCT _kafka_partition, _kafka_offset) AS d",
-                         "count(order_id) AS decoded", "count(channel) AS channel", "count(region) AS region")
+                         "count(order_id) AS decoded", "count(channel) AS channel", "count(region) AS region",
+                         "count_if(channel = 'app') AS app", "count_if(region = 'us') AS us")
              .first())
     if not (stats.n == stats.d == stats.decoded == stats.channel == stats.region == expected):
         raise AssertionError(f"{target}: {stats.asDict()}; expected {expected} each")
+    # Record i is written with version 1 + i % 3: v2 and v3 carry channel 'app', v3 region 'us'.
+    if (stats.app, stats.us) != (expected - (expected + 2) // 3, expected // 3):
+        raise AssertionError(f"{target}: {stats.asDict()}; expected {expected - (expected + 2) // 3} 'app', "
+                             f"{expected // 3} 'us'")
+
+
+def band(seconds: dict[str, list[float]], slower: str, faster: str) -> tuple[float, float]:
+    """The smallest and largest ratio ``slower``'s seconds / ``faster``'s over the rounds (the
+    throughput of ``faster`` over ``slower`` in each round): the noise band of their ratio."""
+    ratios = [a / b for a, b in zip(seconds[slower], seconds[faster], strict=True)]
+    return min(ratios), max(ratios)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,34 +235,38 @@ def main(argv: list[str] | None = None) -> int:
     registry = EmbeddedRegistry(work / "registry", settings.home_dir, port=free_port_block(2, start=28300),
                                 java=settings.registry.java)
     url = registry.start()
-    names = ("tidemark-avro", "structured-streaming-avro", "tidemark-json")
+    names = ("tidemark-avro", "structured-streaming-avro", "tidemark-json", "tidemark-protobuf")
+    #: Each contender's topic (by format) and Tidemark's ``format`` (None: Structured Streaming).
+    runs = {"tidemark-avro": ("avro", "avro"), "structured-streaming-avro": ("avro", None),
+            "tidemark-json": ("json", "json"), "tidemark-protobuf": ("protobuf", "protobuf")}
     seconds: dict[str, list[float]] = {n: [] for n in names}
     try:
         with kafka_broker() as (bootstrap, broker_version):
-            topics = {}
+            topics: dict[str, dict[str, str]] = {}
             for use, count in (("warm", min(50_000, args.records)), ("timed", args.records)):
-                avro_topic, json_topic = new_topic(bootstrap, f"avro-{use}"), new_topic(bootstrap, f"json-{use}")
-                ids = {v: register(url, f"{avro_topic}-value", s) for v, s in ((1, V1), (2, V2), (3, V3))}
+                topics[use] = {fmt: new_topic(bootstrap, f"{fmt}-{use}") for fmt in ("avro", "json", "protobuf")}
+                ids = register_all(url, topics[use]["avro"], topics[use]["protobuf"])
                 started = time.monotonic()
-                produce(bootstrap, avro_topic, json_topic, ids, count, args.value_bytes)
-                print(f"produced {count:,} records twice in {time.monotonic() - started:.0f}s", flush=True)
-                topics[use] = (avro_topic, json_topic)
+                produce(bootstrap, topics[use], ids, count, args.value_bytes)
+                print(f"produced {count:,} records three times in {time.monotonic() - started:.0f}s", flush=True)
             spark = build_session(settings, "tidemark-avro-bench", warehouse=work / "warehouse")
             # Untimed warm-up of each contender on topics of its own: the JIT and the session's first jobs.
-            run_tidemark(spark, bootstrap, topics["warm"][0], work / "warm-avro", url, "avro")
-            run_structured_streaming(spark, bootstrap, topics["warm"][0], work / "warm-ss")
-            run_tidemark(spark, bootstrap, topics["warm"][1], work / "warm-json", url, "json")
-            avro_topic, json_topic = topics["timed"]
+            for name in names:
+                fmt, tidemark_format = runs[name]
+                if tidemark_format is None:
+                    run_structured_streaming(spark, bootstrap, topics["warm"][fmt], work / f"warm-{name}")
+                else:
+                    run_tidemark(spark, bootstrap, topics["warm"][fmt], work / f"warm-{name}", url, tidemark_format)
             for rep in range(args.reps):
-                order = names[rep % 3:] + names[:rep % 3]
+                order = names[rep % len(names):] + names[:rep % len(names)]
                 for name in order:
                     target = work / f"{name}-{rep}"
+                    fmt, tidemark_format = runs[name]
                     started = time.monotonic()
-                    if name == "structured-streaming-avro":
-                        rows = run_structured_streaming(spark, bootstrap, avro_topic, target)
+                    if tidemark_format is None:
+                        rows = run_structured_streaming(spark, bootstrap, topics["timed"][fmt], target)
                     else:
-                        rows = run_tidemark(spark, bootstrap, avro_topic if name == "tidemark-avro" else json_topic,
-                                            target, url, "avro" if name == "tidemark-avro" else "json")
+                        rows = run_tidemark(spark, bootstrap, topics["timed"][fmt], target, url, tidemark_format)
                     took = time.monotonic() - started
                     if rows != args.records:
                         raise AssertionError(f"{name}: {rows} rows, expected {args.records}")
@@ -213,17 +283,29 @@ def main(argv: list[str] | None = None) -> int:
     med = {n: statistics.median(s) for n, s in seconds.items()}
     vs_ss = med["structured-streaming-avro"] / med["tidemark-avro"]
     vs_json = med["tidemark-json"] / med["tidemark-avro"]
-    lines = header("Avro ingest through a schema registry", load_before)
+    protobuf_vs_avro = med["tidemark-avro"] / med["tidemark-protobuf"]
+    bands = {"vs_structured_streaming": band(seconds, "structured-streaming-avro", "tidemark-avro"),
+             "vs_json": band(seconds, "tidemark-json", "tidemark-avro"),
+             "protobuf_vs_avro": band(seconds, "tidemark-avro", "tidemark-protobuf")}
+
+    def shown(ratio: float, key: str) -> str:
+        low, high = bands[key]
+        return f"**{ratio:.2f}×** (band {low:.2f}–{high:.2f})"
+
+    lines = header("Avro and Protobuf ingest through a schema registry", load_before)
     lines += ["", (f"Kafka {broker_version}, Apicurio Registry; {args.records:,} records of ~{args.value_bytes} B, "
                   "20 fields, three writer versions interleaved."), "",
               "| contender | runs (s) | median records/s |", "|---|---|---|"]
     lines += [f"| {n} | {', '.join(f'{s:.1f}' for s in seconds[n])} | {args.records / med[n]:,.0f} |" for n in names]
-    lines += ["", (f"Avro / Structured Streaming with from_avro: **{vs_ss:.2f}×**; Avro / Tidemark's JSON: "
-                  f"**{vs_json:.2f}×**.")]
+    lines += ["", (f"Avro / Structured Streaming with from_avro: {shown(vs_ss, 'vs_structured_streaming')}; "
+                   f"Avro / Tidemark's JSON: {shown(vs_json, 'vs_json')}; Protobuf / Avro: "
+                   f"{shown(protobuf_vs_avro, 'protobuf_vs_avro')} (target ≥ 0.8×: "
+                   f"{'met' if protobuf_vs_avro >= 0.8 else 'not met'}).")]
     emit(lines, args.output)
     emit_json({"benchmark": "avro_bench", "records": args.records, "value_bytes": args.value_bytes,
                "runs_seconds": seconds, "median_seconds": med, "ratio_vs_structured_streaming": vs_ss,
-               "ratio_vs_json": vs_json}, args.json, png=args.png)
+               "ratio_vs_json": vs_json, "ratio_protobuf_vs_avro": protobuf_vs_avro,
+               "ratio_bands": {k: list(v) for k, v in bands.items()}}, args.json, png=args.png)
     return 0
 
 

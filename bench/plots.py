@@ -128,10 +128,13 @@ def ingest(data: dict[str, Any]) -> Figure:
 
 def avro(data: dict[str, Any]) -> Figure:
     med = data["median_seconds"]
-    names = [n for n in ("tidemark-avro", "structured-streaming-avro", "tidemark-json") if n in med]
-    return _grouped(f"{data['records']:,} Avro records, three writer versions: "
+    names = [n for n in ("tidemark-avro", "structured-streaming-avro", "tidemark-json", "tidemark-protobuf")
+             if n in med]
+    protobuf = data.get("ratio_protobuf_vs_avro")
+    return _grouped(f"{data['records']:,} records, three writer versions: Avro "
                     f"{data['ratio_vs_structured_streaming']:.2f}× Structured Streaming (from_avro), "
-                    f"{data['ratio_vs_json']:.2f}× Tidemark's JSON",
+                    f"{data['ratio_vs_json']:.2f}× Tidemark's JSON"
+                    + (f";\nProtobuf {protobuf:.2f}× Avro" if protobuf is not None else ""),
                     ["throughput"], {n: [data["records"] / med[n]] for n in names}, "records/s")
 
 

@@ -92,12 +92,10 @@ def cmd_relay_run(args: argparse.Namespace) -> int:
     from tidemark.signals import stop_on_signals
 
     config, dsn, client = relay_of(args)
-    encoder = None
-    if config.relay.format == "avro":
-        from outbox.avro import PayloadEncoder
-        from tidemark.settings import load_settings
+    from outbox.encoding import encoder_for
+    from tidemark.settings import load_settings
 
-        encoder = PayloadEncoder(config.schema_registry, load_settings(), config.relay)
+    encoder = encoder_for(config.relay, config.schema_registry, load_settings())
     relay = Relay(config.relay, dsn=dsn, client_config=client, replication_factor=args.replication_factor,
                   topic_partitions=args.partitions, encoder=encoder)
     metrics = serve_metrics(args)

@@ -23,7 +23,7 @@ from confluent_kafka import KafkaException
 
 from connectors.preflight import GRANT_HINT
 from connectors.producer import KafkaUnavailableError
-from outbox.avro import InvalidPayload, PayloadEncoder
+from outbox.encoding import InvalidPayload, PayloadEncoder
 from outbox.capture import SourceTransaction
 from outbox.deadletter import (
     InvalidPayloadError,
@@ -78,7 +78,7 @@ class Admission:
     _connect_db: Callable[[], Any]
     """The relay's own connection to the database (``outbox.relay``)."""
     encoder: PayloadEncoder | None
-    """``relay.format: avro``: how payloads become Avro values (``outbox.avro``)."""
+    """``relay.format: avro`` or ``protobuf``: how payloads become its values (``outbox.encoding``)."""
 
     # -- the relay's topics ------------------------------------------------------------
 
@@ -225,7 +225,7 @@ class Admission:
             f"(relay.{setting}: dead_letter does that by itself)")
 
     def _encoded(self, txn: SourceTransaction, topics: list[str]) -> SourceTransaction | None:
-        """``relay.format: avro``: ``txn`` with each payload as its topic's Avro value, or None if an
+        """``relay.format: avro``/``protobuf``: ``txn`` with each payload as its topic's value, or None if an
         event's payload does not match its schema and the transaction went to the dead letters
         (``on_invalid_payload: dead_letter``); raises :class:`InvalidPayloadError` to stop the relay.
         All of it is encoded before anything of it is produced: never half a transaction."""

@@ -10,7 +10,7 @@ The serializer of a topic looks its schema up once and keeps it (a relay restart
 new version is registered takes the new one). A ``bytea`` payload is already a serialized
 value: it passes unchanged, checked only to be in Confluent's framing.
 
-What step 4 (``outbox.admission``) needs from here: the encoded values of a source
+What step 4 (``outbox.admission``) needs from here (``outbox.encoding``): the encoded values of a source
 transaction's events, or why one cannot be encoded — a payload that does not match its
 schema (:class:`InvalidPayload`, for the relay's ``on_invalid_payload`` policy), a subject
 with no version (terminal: register it), a registry that does not answer (transient: the
@@ -25,16 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from connectors.registry import client_config, refusal, registry_url
+from outbox.encoding import InvalidPayload, check_framed
 from tidemark.config import RelayConfig, SchemaRegistryConfig
 from tidemark.errors import ConfigError, RegistryUnavailableError
 from tidemark.settings import Settings
 
 
-class InvalidPayload(Exception):
-    """This event's payload cannot be serialized with its subject's schema (the reason says why)."""
-
-
-class PayloadEncoder:
+class AvroEncoder:
     def __init__(self, config: SchemaRegistryConfig, settings: Settings, relay: RelayConfig | None = None) -> None:
         from confluent_kafka.schema_registry import SchemaRegistryClient
 
@@ -63,10 +60,7 @@ class PayloadEncoder:
         if payload is None:
             return None
         if serialized:
-            if len(payload) < 5 or payload[0] != 0:
-                raise InvalidPayload(f"the bytea payload is not in Confluent's framing (magic byte 0, a 4-byte "
-                                     f"schema id, the body): it starts {payload[:5].hex() or 'empty'}")
-            return payload
+            return check_framed(payload, 5)
         from confluent_kafka.schema_registry.error import SchemaRegistryError
         from confluent_kafka.serialization import MessageField, SerializationContext
 

@@ -29,7 +29,7 @@ class OversizedEventError(RefusedTransactionError):
 
 
 class InvalidPayloadError(RefusedTransactionError):
-    """An event's payload does not match its subject's Avro schema (``relay.format: avro``)."""
+    """An event's payload does not match its subject's schema (``relay.format: avro`` or ``protobuf``)."""
 
 
 def ddl(table: TableName, payload: str = "jsonb") -> str:

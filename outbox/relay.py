@@ -76,7 +76,7 @@ from typing import Any
 from connectors.preflight import require_operation
 from connectors.producer import TransactionAbortedError, TransactionalProducer
 from outbox.admission import Admission
-from outbox.avro import PayloadEncoder
+from outbox.encoding import PayloadEncoder
 from outbox.capture import (
     Capture,
     ReplicationLostError,

@@ -1,0 +1,80 @@
+"""``relay.format: protobuf``: an event's ``jsonb`` payload as Protobuf, in Confluent's framing.
+
+Each topic's values are serialized with the newest version of its subject (``<topic>-value``)
+in the schema registry, as that version's first message, from the payload's JSON (Protobuf's
+canonical JSON mapping: field names or their JSON names, enums by name, 64-bit integers as
+numbers or strings), then framed as Confluent's serializers frame them (magic byte 0, the
+id, the message indexes, the body), which Tidemark's ``format: protobuf`` ingest and every
+Confluent deserializer read. Schemas are registered ahead. A field the schema lacks, or a
+value of the wrong type, is an invalid payload (``on_invalid_payload``), never dropped
+silently. The schema of a topic is looked up once per process (a relay restarted after a
+new version is registered takes the new one). A ``bytea`` payload passes unchanged, checked
+only to be framed. The registry's answers are :mod:`connectors.registry`'s: one that does
+not answer is transient (the relay stops with exit 75 before producing the transaction).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from connectors.protobuf_schemas import compile_schema, frame, indexes, message
+from connectors.registry import Registry
+from outbox.encoding import InvalidPayload, check_framed
+from tidemark.config import SchemaRegistryConfig
+from tidemark.errors import ConfigError
+from tidemark.settings import Settings
+
+
+@dataclass(frozen=True)
+class _Target:
+    schema_id: int
+    indexes: list[int]
+    make: Any
+    """The message's class (a new, empty message per call)."""
+
+
+class ProtobufEncoder:
+    def __init__(self, config: SchemaRegistryConfig, settings: Settings) -> None:
+        self._registry = Registry(config, settings)
+        self._targets: dict[str, _Target] = {}
+
+    def _target(self, topic: str) -> _Target:
+        found = self._targets.get(topic)
+        if found is None:
+            from google.protobuf import message_factory
+
+            subject = f"{topic}-value"
+            versions = self._registry.versions(subject)
+            if not versions:
+                raise ConfigError(f"relay.format protobuf: subject {subject!r} has no schema in the registry at "
+                                  f"{self._registry.url}; register the topic's schema there, then start the relay "
+                                  "again")
+            newest = versions[-1].schema_id
+            what = f"schema id {newest} of subject {subject!r}"
+            text = self._registry.schema(newest)
+            if text is None:
+                raise ConfigError(f"{what} vanished from the registry at {self._registry.url} while the relay read "
+                                  "it; start the relay again")
+            descriptor = message(compile_schema(text, what), None, what)
+            found = _Target(newest, indexes(descriptor), message_factory.GetMessageClass(descriptor))
+            self._targets[topic] = found
+        return found
+
+    def encode(self, topic: str, payload: bytes | None, *, serialized: bool = False) -> bytes | None:
+        """The payload as its topic's Protobuf value (None stays None: a tombstone); a ``serialized``
+        payload (from a ``bytea`` column) as it is, once it is seen to be framed."""
+        if payload is None:
+            return None
+        if serialized:
+            return check_framed(payload, 6)
+        from google.protobuf import json_format
+
+        target = self._target(topic)
+        try:
+            record = json.loads(payload)
+            body = json_format.ParseDict(record, target.make()).SerializeToString()
+        except (ValueError, TypeError, json_format.ParseError) as exc:
+            raise InvalidPayload(f"the payload does not match the schema of {topic}-value: {exc}") from None
+        return frame(target.schema_id, target.indexes, body)
