@@ -23,7 +23,6 @@ from confluent_kafka import KafkaException
 
 from connectors.preflight import GRANT_HINT
 from connectors.producer import KafkaUnavailableError
-from outbox.encoding import InvalidPayload, PayloadEncoder
 from outbox.capture import SourceTransaction
 from outbox.deadletter import (
     InvalidPayloadError,
@@ -32,6 +31,7 @@ from outbox.deadletter import (
     acknowledged,
     dead_letter_events,
 )
+from outbox.encoding import InvalidPayload, PayloadEncoder
 from outbox.pgoutput import format_lsn
 from outbox.position import OFFSETS_TOPIC_CONFIG
 from outbox.schema import TableName

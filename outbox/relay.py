@@ -76,7 +76,6 @@ from typing import Any
 from connectors.preflight import require_operation
 from connectors.producer import TransactionAbortedError, TransactionalProducer
 from outbox.admission import Admission
-from outbox.encoding import PayloadEncoder
 from outbox.capture import (
     Capture,
     ReplicationLostError,
@@ -85,6 +84,7 @@ from outbox.capture import (
     TransactionTooLargeError,
 )
 from outbox.deadletter import RefusedTransactionError
+from outbox.encoding import PayloadEncoder
 from outbox.grouping import Group, Staging, collector_for_groups
 from outbox.manifest import SUMMARY_HEADER, InterleavedError, Placement
 from outbox.outage import Outages
