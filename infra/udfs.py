@@ -15,9 +15,11 @@ long-lived session instead of one per batch), and Delta's log store for local pa
 for the status of the few it returns: 0.03 s instead of 0.45 s a snapshot update at
 10,000 commits; see docs/design.md, "Months of history"), and Hadoop's local file system
 without a process per ``chmod`` and per link check (``io.tidemark.fs``, in a jar of its
-own on the JVM's class path: Hadoop loads it before ``spark.jars``). The jar is keyed by a hash of the sources, built
-with the JDK's ``javac`` and ``jar`` against pyspark's and delta-storage's jars, so it
-needs no network.
+own on the JVM's class path: Hadoop loads it before ``spark.jars``). One more stands where
+Spark has nothing Maven Central serves: ``tidemark_from_protobuf``, ``format: protobuf``'s
+decode (``pipelines.protobuf``). The jar is keyed by a hash of the sources, built with the
+JDK's ``javac`` and ``jar`` against pyspark's, delta-storage's and protobuf-java's jars, so
+it needs no network once the jars are cached.
 """
 
 from __future__ import annotations

@@ -71,13 +71,13 @@ def pipeline_status(ctx: PipelineContext, quality_dir: Path) -> PipelineStatus:
 
 
 def schema_summary(fmt: str, last: Intent | None, target: TableShape | None) -> str:
-    """``tidemark status``'s schema column: the batch's schema ids (Avro) and the target's columns."""
+    """``tidemark status``'s schema column: the batch's schema ids (Avro, Protobuf) and the target's columns."""
     parts = []
     if last is not None and last.schemas is not None:
         s = last.schemas
         others = [str(i) for i in s.writers if i != s.reader]
         parts.append(f"{s.subject}: id {s.reader}" + (f" (also reads ids {', '.join(others)})" if others else ""))
-    elif fmt == "avro":
+    elif fmt in ("avro", "protobuf"):
         parts.append("no batch yet")
     if target is not None:
         parts.append(f"target {target.columns} columns")

@@ -31,7 +31,7 @@ from outbox.deadletter import (
     acknowledged,
     dead_letter_events,
 )
-from outbox.encoding import InvalidPayload, PayloadEncoder
+from outbox.payloads import InvalidPayload, PayloadEncoder
 from outbox.pgoutput import format_lsn
 from outbox.position import OFFSETS_TOPIC_CONFIG
 from outbox.schema import TableName
@@ -78,7 +78,7 @@ class Admission:
     _connect_db: Callable[[], Any]
     """The relay's own connection to the database (``outbox.relay``)."""
     encoder: PayloadEncoder | None
-    """``relay.format: avro`` or ``protobuf``: how payloads become its values (``outbox.encoding``)."""
+    """``relay.format: avro`` or ``protobuf``: how payloads become its values (``outbox.payloads``)."""
 
     # -- the relay's topics ------------------------------------------------------------
 

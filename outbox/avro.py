@@ -10,7 +10,7 @@ The serializer of a topic looks its schema up once and keeps it (a relay restart
 new version is registered takes the new one). A ``bytea`` payload is already a serialized
 value: it passes unchanged, checked only to be in Confluent's framing.
 
-What step 4 (``outbox.admission``) needs from here (``outbox.encoding``): the encoded values of a source
+What step 4 (``outbox.admission``) needs from here (``outbox.payloads``): the encoded values of a source
 transaction's events, or why one cannot be encoded — a payload that does not match its
 schema (:class:`InvalidPayload`, for the relay's ``on_invalid_payload`` policy), a subject
 with no version (terminal: register it), a registry that does not answer (transient: the
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from connectors.registry import client_config, refusal, registry_url
-from outbox.encoding import InvalidPayload, check_framed
+from outbox.payloads import InvalidPayload, check_framed
 from tidemark.config import RelayConfig, SchemaRegistryConfig
 from tidemark.errors import ConfigError, RegistryUnavailableError
 from tidemark.settings import Settings

@@ -21,7 +21,7 @@ from typing import Any
 
 from connectors.protobuf_schemas import compile_schema, frame, indexes, message
 from connectors.registry import Registry
-from outbox.encoding import InvalidPayload, check_framed
+from outbox.payloads import InvalidPayload, check_framed
 from tidemark.config import SchemaRegistryConfig
 from tidemark.errors import ConfigError
 from tidemark.settings import Settings

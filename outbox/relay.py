@@ -84,10 +84,10 @@ from outbox.capture import (
     TransactionTooLargeError,
 )
 from outbox.deadletter import RefusedTransactionError
-from outbox.encoding import PayloadEncoder
 from outbox.grouping import Group, Staging, collector_for_groups
 from outbox.manifest import SUMMARY_HEADER, InterleavedError, Placement
 from outbox.outage import Outages
+from outbox.payloads import PayloadEncoder
 from outbox.pgoutput import format_lsn
 from outbox.position import (
     Position,

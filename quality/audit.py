@@ -33,6 +33,7 @@ from tidemark.config import PipelineConfig, TidemarkConfig
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
     from connectors.registry import Registry
     from offsets.ledger import Intent
@@ -69,7 +70,7 @@ TXN_FIELDS = ("id", "position", "size", "expected", "released")
 
 def expected_columns(pipeline: PipelineConfig, reader: str | None = None) -> list[str]:
     """The table's columns as GX's Spark source lists them: struct fields also as ``a.b``.
-    ``reader``: an Avro pipeline's reader schema (JSON text), whose fields are its payload's."""
+    ``reader``: an Avro or Protobuf pipeline's reader schema (its text), whose fields are its payload's."""
     from pyspark.sql.types import StructType
 
     def flat(schema: StructType, prefix: str = "") -> list[str]:
@@ -82,6 +83,8 @@ def expected_columns(pipeline: PipelineConfig, reader: str | None = None) -> lis
 
     if pipeline.format == "avro":
         payload = avro_columns(json.loads(reader)) if reader is not None else []
+    elif pipeline.format == "protobuf":
+        payload = flat(protobuf_columns(pipeline, reader)) if reader is not None else []
     else:
         declared = StructType.fromDDL(pipeline.schema_ddl or "")
         payload = flat(declared) if pipeline.format == "json" and isinstance(declared, StructType) else ["value"]
@@ -106,9 +109,18 @@ def avro_columns(schema: Any, prefix: str = "") -> list[str]:
     return names
 
 
+def protobuf_columns(pipeline: PipelineConfig, reader: str) -> StructType:
+    """A Protobuf pipeline's payload columns: its message's fields in the reader schema (``.proto`` text)."""
+    from connectors.protobuf_schemas import compile_schema, message
+    from pipelines.protobuf import columns
+
+    what = f"the reader schema of pipeline {pipeline.name!r}"
+    return columns(message(compile_schema(reader, what), pipeline.message, what))
+
+
 def registry_of(config: TidemarkConfig, pipeline: PipelineConfig) -> Registry | None:
-    """The schema registry an Avro pipeline's check reads its reader schema from."""
-    if pipeline.format != "avro":
+    """The schema registry an Avro or Protobuf pipeline's check reads its reader schema from."""
+    if not pipeline.uses_registry:
         return None
     from connectors.registry import Registry
     from tidemark.settings import load_settings
@@ -117,8 +129,8 @@ def registry_of(config: TidemarkConfig, pipeline: PipelineConfig) -> Registry | 
 
 
 def reader_schema(pipeline: PipelineConfig, intents: list[Intent], registry: Registry | None) -> str | None:
-    """An Avro pipeline's reader schema: its newest batch's (None before any batch decoded one)."""
-    if pipeline.format != "avro":
+    """An Avro or Protobuf pipeline's reader schema: its newest batch's (None before any batch decoded one)."""
+    if not pipeline.uses_registry:
         return None
     from pipelines.subjects import schema_text
     from tidemark.errors import ConfigError
@@ -127,7 +139,7 @@ def reader_schema(pipeline: PipelineConfig, intents: list[Intent], registry: Reg
     if newest is None:
         return None
     if registry is None:
-        raise ConfigError(f"pipeline {pipeline.name!r} reads Avro: its check needs the schema registry "
+        raise ConfigError(f"pipeline {pipeline.name!r} reads {pipeline.format}: its check needs the schema registry "
                           "(schema_registry in the config)")
     return schema_text(registry, newest.reader, newest.subject)
 

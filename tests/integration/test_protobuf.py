@@ -43,7 +43,7 @@ def _columns(df) -> dict[str, str]:  # type: ignore[no-untyped-def]
 
 
 def test_a_protobuf_subject_evolving_mid_stream_lands_every_record_with_its_writer_schema(  # type: ignore[no-untyped-def]
-        spark, kafka_bootstrap: str, topic_factory, table_root: str, schema_registry: str) -> None:
+        spark, kafka_bootstrap: str, topic_factory, table_root: str, schema_registry: str, tmp_path) -> None:
     topic = topic_factory("protobuf")
     subject = f"{topic}-value"
     target = f"{table_root}/orders"
@@ -111,6 +111,27 @@ def test_a_protobuf_subject_evolving_mid_stream_lands_every_record_with_its_writ
     last = Ledger(spark, f"{target}_tidemark_ledger", "orders").last()
     assert last is not None and last.schemas is not None
     assert (last.schemas.subject, last.schemas.writers, last.schemas.reader) == (subject, (v1, v2, v3), v3)
+
+    from offsets.tables import table_shape
+    from orchestration.status import schema_summary
+
+    shape = table_shape(target)
+    assert shape is not None
+    assert schema_summary("protobuf", last, shape) == (f"{subject}: id {v3} (also reads ids {v1}, {v2}); "
+                                                       f"target {len(table.columns)} columns")
+
+    # The quality suite's column check follows the reader message (nested fields as `line.sku`).
+    from quality.audit import audit, expected_columns, registry_of
+
+    config = parse_config({"pipelines": [{"name": "orders", "topics": [topic], "target": target,
+                                          "format": "protobuf", "schema_evolution": "strict"}]})
+    pipeline = config.pipelines[0]
+    checked = audit(spark, pipeline, kafka_options={"kafka.bootstrap.servers": kafka_bootstrap},
+                    client_config={"bootstrap.servers": kafka_bootstrap}, docs_dir=tmp_path / "docs",
+                    registry=registry_of(config, pipeline))
+    (columns,) = [v for v in checked.verdicts if v.check.startswith("columns")]
+    assert columns.passed, columns
+    assert {"id", "channel", "line", "line.sku", "counts"} <= set(expected_columns(pipeline, V3))
 
     # An incompatible version: a clear stop, nothing claimed or written; once the operator
     # deletes the version, the pipeline goes on.
