@@ -118,6 +118,27 @@ def protobuf_columns(pipeline: PipelineConfig, reader: str) -> StructType:
     return columns(message(compile_schema(reader, what), pipeline.message, what))
 
 
+def expected_payload(spark: SparkSession, pipeline: PipelineConfig, reader: str | None) -> StructType | None:
+    """The pipeline's payload columns with their types (None for a registry's format before its
+    first batch): JSON's ``schema``; Avro's reader as spark-avro decodes it; Protobuf's message."""
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    if pipeline.format == "json":
+        declared = StructType.fromDDL(pipeline.schema_ddl or "")
+        return declared if isinstance(declared, StructType) else None
+    if pipeline.format == "raw":
+        return StructType([StructField("value", BinaryType())])
+    if reader is None:
+        return None
+    if pipeline.format == "protobuf":
+        return protobuf_columns(pipeline, reader)
+    from pyspark.sql import functions as F
+    from pyspark.sql.avro.functions import from_avro
+
+    decoded = spark.range(0).select(from_avro(F.lit(None).cast("binary"), reader).alias("p")).schema["p"].dataType
+    return decoded if isinstance(decoded, StructType) else None
+
+
 def registry_of(config: TidemarkConfig, pipeline: PipelineConfig) -> Registry | None:
     """The schema registry an Avro or Protobuf pipeline's check reads its reader schema from."""
     if not pipeline.uses_registry:
@@ -152,7 +173,9 @@ def _has_record_lineage(pipeline: PipelineConfig) -> bool:
     return {"topic", "partition", "offset"} <= set(pipeline.lineage)
 
 
-def _suites(pipeline: PipelineConfig, reader: str | None = None) -> dict[str, list[tuple[str, Any]]]:
+def _suites(pipeline: PipelineConfig, reader: str | None = None, *,
+            typed: bool = False) -> dict[str, list[tuple[str, Any]]]:
+    """Each suite's checks; ``typed``: the pipeline's column types are known (a ``schema`` suite)."""
     import great_expectations.expectations as gxe
 
     strict = pipeline.schema_evolution == "strict"
@@ -164,6 +187,10 @@ def _suites(pipeline: PipelineConfig, reader: str | None = None) -> dict[str, li
     if "key" in pipeline.lineage:
         table.append(("Kafka keys not null", gxe.ExpectColumnValuesToNotBeNull(column="_kafka_key")))
     suites = {"table": table}
+    if typed:
+        suites["schema"] = [("column types are the pipeline's schema's" if strict
+                             else "column types hold the pipeline's schema's",
+                             gxe.ExpectColumnValuesToBeNull(column="problem"))]
     if _has_record_lineage(pipeline):
         # One column, not ExpectCompoundColumnsToBeUnique: GX's Spark metric for that puts a
         # window function in a WHERE clause, which Spark rejects (a logged stack trace) before
@@ -220,6 +247,10 @@ def audit(spark: SparkSession, pipeline: PipelineConfig, *, kafka_options: dict[
 
     intents = Ledger(spark, pipeline.ledger_path, pipeline.name).history()
     frames["reconciliation"] = facts.reconciliation(spark, kafka_options, client_config, pipeline, intents)
+    reader = reader_schema(pipeline, intents, registry)
+    payload = expected_payload(spark, pipeline, reader)
+    if payload is not None:
+        frames["schema"] = facts.column_types(spark, table.schema, payload, pipeline.schema_evolution == "strict")
     skipped = tuple(f"{r.topic}[{r.partition}] {r.start}-{r.end} (batch {batch}, {reason})"
                     for batch, r, reason in facts.skipped(intents))
 
@@ -229,7 +260,7 @@ def audit(spark: SparkSession, pipeline: PipelineConfig, *, kafka_options: dict[
     context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
     source = context.data_sources.add_or_update_spark(name="tidemark")
     verdicts: list[Verdict] = []
-    for suite_name, checks in _suites(pipeline, reader_schema(pipeline, intents, registry)).items():
+    for suite_name, checks in _suites(pipeline, reader, typed=payload is not None).items():
         name = f"{pipeline.name}.{suite_name}"
         try:
             asset = source.get_asset(name)

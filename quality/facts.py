@@ -11,6 +11,9 @@
   moved the pipeline back (``--reprocess``: each record read again is in the table or, with
   dedup, quarantined as a duplicate) or forward over a stretch (``--skip``: read zero times,
   and the table must hold nothing from it).
+* ``column_types``: one row per column of the pipeline's schema, with a ``problem`` that is
+  null only when the table's column has the schema's type (deeply: struct fields, elements,
+  keys and values), or under ``schema_evolution: additive`` a type that holds it wider.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from tidemark.config import PipelineConfig
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
 
 def transactions(table: DataFrame) -> DataFrame:
@@ -48,6 +52,35 @@ def transactions(table: DataFrame) -> DataFrame:
                .when((F.col("expected") == F.col("size")) & (F.col("max_position") != F.col("size") - 1),
                      F.lit("positions are not 0..size-1")))
     return per_txn.withColumn("problem", F.when(problem.isNotNull(), F.concat(F.col("txn"), F.lit(": "), problem)))
+
+
+def column_types(spark: SparkSession, table: StructType, schema: StructType, strict: bool) -> DataFrame:
+    """Per column of ``schema`` (the pipeline's payload), whether ``table``'s has its type."""
+    from pyspark.sql.types import StringType, StructField
+    from pyspark.sql.types import StructType as Struct
+
+    from pipelines.evolution import SchemaConflictError, compare
+
+    theirs = {f.name.lower(): f for f in table.fields}
+    rows = []
+    for field in schema.fields:
+        held = theirs.get(field.name.lower())
+        found, wanted = (held.dataType.simpleString() if held else None), field.dataType.simpleString()
+        problem = None
+        if held is None:
+            problem = f"{field.name}: not in the table (the schema has {wanted})"
+        elif strict and found != wanted:  # types, not nullability (a table's columns are all nullable)
+            problem = f"{field.name}: {found} in the table, {wanted} in the schema"
+        elif not strict:
+            try:
+                change = compare(Struct([held]), Struct([field]), "additive", pipeline="", target="")
+            except SchemaConflictError:
+                change = None
+            if change is None or change.alters_table:
+                problem = f"{field.name}: {found} in the table does not hold the schema's {wanted}"
+        rows.append((field.name, found, wanted, problem))
+    columns = Struct([StructField(n, StringType()) for n in ("column", "table_type", "schema_type", "problem")])
+    return spark.createDataFrame(rows, columns)
 
 
 def coverage(intents: Iterable[Intent]) -> dict[TP, list[tuple[int, int, int]]]:

@@ -132,7 +132,8 @@ def test_a_subject_evolving_mid_stream_lands_every_record_with_its_writer_schema
                        client_config={"bootstrap.servers": kafka_bootstrap}, docs_dir=tmp_path / "docs",
                        registry=registry_of(config, pipeline))
         (columns,) = [v for v in report.verdicts if v.check.startswith("columns")]
-        assert columns.passed, columns
+        (types,) = [v for v in report.verdicts if v.check.startswith("column types")]
+        assert columns.passed and types.passed, (columns, types)
         assert {"id", "note", "channel"} <= set(expected_columns(pipeline, json.dumps(V3)))
 
     # An incompatible version (the subject's compatibility turned off to let it in): a clear stop,

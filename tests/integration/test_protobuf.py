@@ -130,7 +130,8 @@ def test_a_protobuf_subject_evolving_mid_stream_lands_every_record_with_its_writ
                     client_config={"bootstrap.servers": kafka_bootstrap}, docs_dir=tmp_path / "docs",
                     registry=registry_of(config, pipeline))
     (columns,) = [v for v in checked.verdicts if v.check.startswith("columns")]
-    assert columns.passed, columns
+    (types,) = [v for v in checked.verdicts if v.check.startswith("column types")]
+    assert columns.passed and types.passed, (columns, types)
     assert {"id", "channel", "line", "line.sku", "counts"} <= set(expected_columns(pipeline, V3))
 
     # An incompatible version: a clear stop, nothing claimed or written; once the operator

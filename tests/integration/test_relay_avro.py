@@ -49,6 +49,7 @@ def _register_all(setup: RelaySetup, url: str) -> dict[int, dict[str, Any]]:
     return {register(url, f"{setup.prefix}.{a}-value", CHANGED): CHANGED for a in AGGREGATES}
 
 
+@pytest.mark.slow
 def test_sigkill_under_avro_loses_and_duplicates_nothing_and_ingest_reads_it(  # type: ignore[no-untyped-def]
         setup: RelaySetup, schema_registry: str, spark, table_root: str) -> None:
     ids = _register_all(setup, schema_registry)

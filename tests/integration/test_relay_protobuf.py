@@ -42,6 +42,7 @@ def setup(tmp_path: Path, postgres_dsn: str, kafka_bootstrap: str, schema_regist
     return relay
 
 
+@pytest.mark.slow
 def test_sigkill_under_protobuf_loses_and_duplicates_nothing_and_ingest_reads_it(  # type: ignore[no-untyped-def]
         setup: RelaySetup, spark, table_root: str) -> None:
     writers = Writers(setup, threads=2, late_rate=0.3, rollback_rate=0.2, pause=0.02, seed=13).start()
