@@ -82,7 +82,7 @@ def build(home: Path) -> Path:
                   if j.name.startswith(("delta-storage-", "protobuf-java-"))]
     compile_against = ("spark-sql-api_*.jar", "spark-sql_2*.jar", "spark-catalyst_*.jar", "spark-unsafe_*.jar",
                        "spark-common-utils_*.jar", "scala-library-*.jar", "jackson-core-*.jar", "kryo-shaded-*.jar",
-                       "hadoop-client-api-*.jar", "slf4j-api-*.jar")
+                       "hadoop-client-api-*.jar", "slf4j-api-*.jar", "avro-1.*.jar")
     classpath = ":".join(str(j) for j in [*(j for pattern in compile_against for j in shipped.glob(pattern)),
                                           *from_cache])
     with tempfile.TemporaryDirectory() as tmp:
@@ -112,3 +112,4 @@ def register(spark: SparkSession) -> None:
     spark._jvm.io.tidemark.spark.BatchConstant.register(spark._jsparkSession)  # type: ignore[union-attr]
     spark._jvm.io.tidemark.spark.TxnHeaders.register(spark._jsparkSession)  # type: ignore[union-attr]
     spark._jvm.io.tidemark.spark.ProtobufFromBytes.register(spark._jsparkSession)  # type: ignore[union-attr]
+    spark._jvm.io.tidemark.spark.AvroFromBytes.register(spark._jsparkSession)  # type: ignore[union-attr]

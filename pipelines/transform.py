@@ -296,7 +296,7 @@ def _frame_columns(spark: SparkSession, pipeline: PipelineConfig, schemas: Schem
                               f"pipeline was `format: {pipeline.format}`?); move the pipeline past it with "
                               "`tidemark offsets seek`")
         if pipeline.format == "avro":
-            first["_parsed"], error, fields = avro.decode_columns(registry, schemas)
+            first["_parsed"], error, fields = avro.decode_columns(spark, registry, schemas)
         else:
             first["_parsed"], error, fields = protobuf.decode_columns(registry, schemas, pipeline)
         payload = [F.col(f"_parsed.`{name}`").alias(name) for name in fields]
