@@ -63,6 +63,16 @@ def refusal(url: str, what: str, error: Any, *, waits: str) -> Exception:
     return RegistryUnavailableError(f"the schema registry at {url} failed {what} (HTTP {status}); {waits}")
 
 
+def unreachable(url: str, error: BaseException, *, waits: str) -> Exception:
+    """A registry that could not be asked (``error``: httpx's or the OS's) as Tidemark's error:
+    a wait, but for a certificate the client does not trust, which no wait mends."""
+    if "CERTIFICATE_VERIFY_FAILED" in str(error) or "certificate verify failed" in str(error):
+        return ConfigError(f"the schema registry at {url} presents a certificate this client does not trust "
+                           f"({error}); set schema_registry.ssl_ca_location to the CA that signed it, then run again")
+    return RegistryUnavailableError(f"the schema registry at {url} does not answer ({type(error).__name__}: {error}); "
+                                    f"{waits}")
+
+
 @dataclass(frozen=True)
 class Version:
     version: int
@@ -87,10 +97,8 @@ class Registry:
                 return None
             raise refusal(self.url, what, error, waits="the batch waits and is tried again") from None
         except Exception as error:  # noqa: BLE001 - httpx's and the OS's connection failures
-            raise RegistryUnavailableError(
-                f"the schema registry at {self.url} does not answer ({type(error).__name__}: {error}); the batch "
-                "waits and is tried again (schema_registry.url, or `tidemark stack up` for the embedded one)"
-            ) from None
+            raise unreachable(self.url, error, waits="the batch waits and is tried again (schema_registry.url, or "
+                              "`tidemark stack up` for the embedded one)") from None
 
     def versions(self, subject: str) -> list[Version]:
         """Every version of ``subject``, oldest first (none if the registry does not know it)."""

@@ -17,10 +17,13 @@ JDKs under ``/usr/lib/jvm``), else takes the Java 25 runtime Tidemark installs w
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
+import secrets
 import shutil
+import ssl
 import subprocess
 import tarfile
 import urllib.error
@@ -29,6 +32,7 @@ from pathlib import Path
 
 from infra import jars as jar_cache
 from infra.process import PidFile, require_free_ports, spawn, stop_process, wait_until
+from infra.tls import LocalCA, write_private
 from tidemark.errors import MissingToolError, StackError
 
 #: The Java release the registry needs at least.
@@ -101,24 +105,54 @@ def unpacked(home: Path) -> Path:
     return target
 
 
+#: The one user of a secured embedded registry.
+USER = "tidemark"
+
+
 class EmbeddedRegistry:
-    def __init__(self, root: Path, home: Path, *, port: int = 18081, java: Path | None = None) -> None:
+    """Apicurio Registry as a local process. ``secured`` (the secured stack's): HTTPS only, with a
+    certificate of its own throwaway CA, and HTTP basic authentication of :data:`USER`, whose
+    password is made on first start and kept in a file (mode 0600) beside the CA, never in the
+    command line or the environment (Quarkus reads it from ``config/application.properties``)."""
+
+    def __init__(self, root: Path, home: Path, *, port: int = 18081, java: Path | None = None,
+                 secured: bool = False) -> None:
         self.root = root
         self.home = home
         self.port = port
         self.java = java
+        self.secured = secured
         self.data = root / "data"
         self.pidfile = PidFile(root / "server.pid")
         self.log = root / "server.log"
+        self.ca = LocalCA(root / "secrets")
 
     @property
     def url(self) -> str:
         """The Confluent-compatible API's base URL (what ``schema_registry.url`` names)."""
-        return f"http://127.0.0.1:{self.port}{API}"
+        return f"{'https' if self.secured else 'http'}://127.0.0.1:{self.port}{API}"
+
+    @property
+    def password_file(self) -> Path:
+        """:data:`USER`'s password (secured only; made on first use, mode 0600)."""
+        path = self.ca.directory / f"{USER}.password"
+        if not path.exists():
+            write_private(path, secrets.token_urlsafe(24).encode())
+        return path
+
+    def _request(self, path: str, **kwargs: object) -> urllib.request.Request:
+        request = urllib.request.Request(f"{self.url}{path}", **kwargs)  # type: ignore[arg-type]
+        if self.secured:
+            token = base64.b64encode(f"{USER}:{self.password_file.read_text()}".encode()).decode()
+            request.add_header("Authorization", f"Basic {token}")
+        return request
+
+    def _tls(self) -> ssl.SSLContext | None:
+        return ssl.create_default_context(cafile=str(self.ca.certificate)) if self.secured else None
 
     def answers(self) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.url}/subjects", timeout=2):
+            with urllib.request.urlopen(self._request("/subjects"), timeout=2, context=self._tls()):
                 return True
         except (OSError, urllib.error.URLError):
             return False
@@ -139,6 +173,8 @@ class EmbeddedRegistry:
                    "APICURIO_DATASOURCE_URL": f"jdbc:h2:file:{self.data / 'registry'};DB_CLOSE_ON_EXIT=FALSE",
                    "QUARKUS_HTTP_HOST": "127.0.0.1", "QUARKUS_HTTP_PORT": str(self.port),
                    "QUARKUS_MANAGEMENT_HOST": "127.0.0.1", "QUARKUS_MANAGEMENT_PORT": str(self.port + 1)}
+            if self.secured:
+                env.update(self._secured_environment())
             pid = spawn([java, "-Xmx384m", "-XX:+UseSerialGC", "-jar", str(app / "quarkus-run.jar")],
                         log=self.log, cwd=self.root, env=env)
             self.pidfile.write(pid)
@@ -146,11 +182,27 @@ class EmbeddedRegistry:
         self._backward()
         return self.url
 
+    def _secured_environment(self) -> dict[str, str]:
+        """HTTPS on the API's port and basic authentication of every path; the password goes to
+        the properties file Quarkus reads from its working directory."""
+        pem = self.ca.issue("registry", server=True)
+        config = self.root / "config"
+        config.mkdir(parents=True, exist_ok=True, mode=0o700)
+        write_private(config / "application.properties",
+                      f"quarkus.security.users.embedded.users.{USER}={self.password_file.read_text()}\n".encode())
+        return {"QUARKUS_HTTP_SSL_PORT": str(self.port), "QUARKUS_HTTP_PORT": "0",  # no plain HTTP listener
+                "QUARKUS_HTTP_INSECURE_REQUESTS": "disabled",
+                "QUARKUS_HTTP_SSL_CERTIFICATE_FILES": str(pem.certificate),
+                "QUARKUS_HTTP_SSL_CERTIFICATE_KEY_FILES": str(pem.key),
+                "QUARKUS_HTTP_AUTH_BASIC": "true", "QUARKUS_SECURITY_USERS_EMBEDDED_ENABLED": "true",
+                "QUARKUS_SECURITY_USERS_EMBEDDED_PLAIN_TEXT": "true",
+                "QUARKUS_HTTP_AUTH_PERMISSION_EVERYTHING_PATHS": "/*",
+                "QUARKUS_HTTP_AUTH_PERMISSION_EVERYTHING_POLICY": "authenticated"}
+
     def _backward(self) -> None:
-        request = urllib.request.Request(f"{self.url}/config", method="PUT",
-                                         data=json.dumps({"compatibility": "BACKWARD"}).encode(),
-                                         headers={"Content-Type": "application/vnd.schemaregistry.v1+json"})
-        with urllib.request.urlopen(request, timeout=10) as reply:
+        request = self._request("/config", method="PUT", data=json.dumps({"compatibility": "BACKWARD"}).encode(),
+                                headers={"Content-Type": "application/vnd.schemaregistry.v1+json"})
+        with urllib.request.urlopen(request, timeout=10, context=self._tls()) as reply:
             reply.read()
 
     def stop(self) -> None:

@@ -79,11 +79,14 @@ class Stack:
                           credentials=self.settings.home_dir / EMBEDDED_CREDENTIALS)
 
     def registry(self) -> EmbeddedRegistry | None:
-        """The embedded schema registry, with ``TIDEMARK_REGISTRY__ENABLED=true``."""
+        """The embedded schema registry, with ``TIDEMARK_REGISTRY__ENABLED=true``; secured (HTTPS and
+        basic authentication) when the stack's Kafka is (``TIDEMARK_KAFKA__SECURITY``)."""
         c = self.settings.registry
         if not c.enabled:
             return None
-        return EmbeddedRegistry(self.root / "registry", self.settings.home_dir, port=c.port, java=c.java)
+        secured = self.settings.kafka.security != "plaintext"
+        return EmbeddedRegistry(self.root / ("registry-secured" if secured else "registry"), self.settings.home_dir,
+                                port=c.port, java=c.java, secured=secured)
 
     def prefect(self) -> EmbeddedPrefect | None:
         """The embedded Prefect server, unless ``PREFECT_API_URL`` names one."""

@@ -43,13 +43,22 @@ def load(path: str | Path) -> TidemarkConfig:
 
 
 def with_stack_security(config: TidemarkConfig) -> TidemarkConfig:
-    if config.kafka.bootstrap_servers is not None or config.kafka.security.protocol != "PLAINTEXT":
-        return config
     if settings().kafka.security == "plaintext":
         return config
     from infra.stack import Stack
 
-    kafka = Stack(settings()).kafka()
+    stack = Stack(settings())
+    registry = stack.registry()
+    if config.schema_registry.url is None and registry is not None:  # the secured stack's registry, as admin
+        from infra.registry import USER as REGISTRY_USER
+        from tidemark.config import SchemaRegistryConfig
+
+        config = config.model_copy(update={"schema_registry": SchemaRegistryConfig(
+            url=registry.url, basic_auth_username=REGISTRY_USER, basic_auth_password_file=registry.password_file,
+            ssl_ca_location=registry.ca.certificate)})
+    if config.kafka.bootstrap_servers is not None or config.kafka.security.protocol != "PLAINTEXT":
+        return config
+    kafka = stack.kafka()
     if kafka is None:
         return config
     connection = config.kafka.model_copy(update={"security": kafka.client_security("admin")})

@@ -24,10 +24,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from connectors.registry import client_config, refusal, registry_url
+from connectors.registry import client_config, refusal, registry_url, unreachable
 from outbox.payloads import InvalidPayload, check_framed
 from tidemark.config import RelayConfig, SchemaRegistryConfig
-from tidemark.errors import ConfigError, RegistryUnavailableError
+from tidemark.errors import ConfigError
 from tidemark.settings import Settings
 
 
@@ -92,8 +92,7 @@ class AvroEncoder:
         except Exception as exc:  # noqa: BLE001 - httpx's and the OS's connection failures
             if "Serializ" in type(exc).__name__:
                 raise InvalidPayload(f"the payload does not match the schema of {topic}-value: {exc}") from None
-            raise RegistryUnavailableError(f"the schema registry at {self.url} does not answer "
-                                           f"({type(exc).__name__}: {exc}); run the relay again once it answers") from None
+            raise unreachable(self.url, exc, waits="run the relay again once it answers") from None
 
 
 def _schema_text(topic: str, path: Path) -> str:

@@ -184,3 +184,29 @@ def test_a_refusal_inside_a_spark_job_becomes_its_one_line_and_other_failures_do
         assert "next run writes it" in text, text
     assert spark_refusal(RuntimeError(trace.format("TimeoutException: Timeout of 60000ms expired")), conf) is None
     assert spark_refusal(ValueError("bad"), conf) is None
+
+
+def test_the_secured_stack_hands_its_registry_to_a_config_that_names_none(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``TIDEMARK_KAFKA__SECURITY`` set, the embedded registry is served over HTTPS with basic
+    authentication, and a config without ``schema_registry.url`` gets its URL, CA and password file."""
+    from orchestration.context import with_stack_security
+    from tidemark.config import TidemarkConfig
+    from tidemark.settings import settings
+
+    monkeypatch.setenv("TIDEMARK_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TIDEMARK_KAFKA__SECURITY", "sasl_ssl")
+    monkeypatch.setenv("TIDEMARK_REGISTRY__ENABLED", "true")
+    monkeypatch.setenv("TIDEMARK_REGISTRY__PORT", "18555")
+    settings.cache_clear()
+    try:
+        registry = with_stack_security(TidemarkConfig()).schema_registry
+        assert registry.url == "https://127.0.0.1:18555/apis/ccompat/v7"
+        assert registry.basic_auth_username == "tidemark" and registry.basic_auth_password_file is not None
+        assert registry.basic_auth_password_file.stat().st_mode & 0o077 == 0
+        assert registry.password() == registry.basic_auth_password_file.read_text()
+        assert registry.ssl_ca_location is not None and registry.ssl_ca_location.is_relative_to(tmp_path / "home")
+        named = TidemarkConfig(schema_registry={"url": "https://registry.example.com"})  # type: ignore[arg-type]
+        assert with_stack_security(named).schema_registry == named.schema_registry  # the user's own: untouched
+    finally:
+        settings.cache_clear()
