@@ -9,14 +9,13 @@ import com.google.protobuf.Descriptors.DescriptorValidationException;
 import com.google.protobuf.Descriptors.EnumValueDescriptor;
 import com.google.protobuf.Descriptors.FieldDescriptor;
 import com.google.protobuf.Descriptors.FileDescriptor;
-import com.google.protobuf.DynamicMessage;
 import com.google.protobuf.InvalidProtocolBufferException;
 import java.io.IOException;
 import java.util.ArrayList;
 import java.util.HashMap;
+import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
-import java.util.concurrent.ConcurrentHashMap;
 import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.expressions.Expression;
@@ -35,6 +34,7 @@ import org.apache.spark.sql.types.FloatType;
 import org.apache.spark.sql.types.IntegerType;
 import org.apache.spark.sql.types.LongType;
 import org.apache.spark.sql.types.MapType;
+import org.apache.spark.sql.types.Metadata;
 import org.apache.spark.sql.types.StringType;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
@@ -45,11 +45,13 @@ import scala.runtime.AbstractFunction1;
 
 /**
  * {@code format: protobuf}'s decode: a Confluent-framed Protobuf value (magic byte 0, the
- * writer schema's 4-byte id, the message indexes, the body) parsed with its <em>writer's</em>
- * descriptor, then read into the pipeline's reader message field by field <em>number</em>, as
- * Protobuf itself resolves versions: a field the writer lacks takes the reader's default (null
- * where the field has presence), a field the reader lacks is dropped, an int32 read as an int64
- * widens, an enum reads as its value's name.
+ * writer schema's 4-byte id, the message indexes, the body) read with its <em>writer's</em>
+ * descriptor straight from the wire into the pipeline's reader message, field by field
+ * <em>number</em>, as Protobuf itself resolves versions: a field the writer lacks takes the
+ * reader's default (null where the field has presence), a field the reader lacks is skipped,
+ * an int32 read as an int64 widens, an enum reads as its value's name. As Protobuf's parsers
+ * do: the last of a singular field seen twice wins, a message seen twice is merged, a
+ * repeated scalar may come packed or not.
  *
  * <p>Registered by infra/udfs.py as {@code tidemark_from_protobuf(value, writers, message,
  * reader, subject, schema)}: {@code writers} a constant map of schema id to that version's
@@ -60,13 +62,18 @@ import scala.runtime.AbstractFunction1;
  * holds why a value did not decode (null when it did; every other field is then null).
  *
  * <p>Why Tidemark's own: Maven Central serves no {@code spark-protobuf}, and it takes one
- * descriptor per column where a topic's records carry several writer versions.
+ * descriptor per column where a topic's records carry several writer versions. Why from the
+ * wire and not through protobuf-java's {@code DynamicMessage}: that builds a map of boxed
+ * values per record and ran at under half the Avro decode's rate (1M records of 20 fields,
+ * docs/benchmarks.md); this reads each field once into the row.
  */
 public final class ProtobufFromBytes extends TidemarkExpression {
     private static final long serialVersionUID = 1L;
     public static final String NAME = "tidemark_from_protobuf";
     /** At most this many message indexes in a frame: a nesting deeper than any real schema's. */
     private static final int MAX_INDEXES = 64;
+    /** Messages nested deeper than this in a value are refused (Protobuf's own parsers stop at 100). */
+    private static final int MAX_DEPTH = 100;
 
     private final Expression child;
     private final MapData writers;
@@ -131,7 +138,8 @@ public final class ProtobufFromBytes extends TidemarkExpression {
     private static final class Writer {
         final int id;
         final FileDescriptor file;
-        final Map<Descriptor, Resolution> resolutions = new HashMap<>();
+        /** Per message: its {@link Plan}, or the {@link Refused} that every value of it gets. */
+        final Map<Descriptor, Object> plans = new HashMap<>();
 
         Writer(int id, FileDescriptor file) {
             this.id = id;
@@ -139,50 +147,122 @@ public final class ProtobufFromBytes extends TidemarkExpression {
         }
     }
 
-    /** A writer message read into a reader message: per reader field, the writer's field of its number. */
-    private static final class Resolution {
-        final FieldDescriptor[] readerFields;
-        final FieldDescriptor[] writerFields;
-        final DataType[] types;
-        final Resolution[] nested;
+    /** How a writer's message is read into a reader's: per field number on the wire, its column. */
+    private static final class Plan {
+        final Slot[] byNumber;
+        final Map<Integer, Slot> sparse;
+        /** Per reader column, its slot (whose writer field is null where the writer lacks it). */
+        final Slot[] columns;
 
-        Resolution(Descriptor writer, Descriptor reader, StructType type) throws Refused {
+        Plan(Descriptor writer, Descriptor reader, StructType type, int depth) throws Refused {
+            if (depth > MAX_DEPTH) {
+                throw new Refused("message " + reader.getFullName() + " nests deeper than " + MAX_DEPTH + " levels");
+            }
             List<FieldDescriptor> fields = reader.getFields();
             if (fields.size() != type.fields().length) {
                 throw new Refused("the reader schema of message " + reader.getFullName() + " does not match its columns");
             }
-            int n = fields.size();
-            readerFields = fields.toArray(new FieldDescriptor[0]);
-            writerFields = new FieldDescriptor[n];
-            types = new DataType[n];
-            nested = new Resolution[n];
-            for (int i = 0; i < n; i++) {
-                FieldDescriptor field = readerFields[i];
-                types[i] = type.fields()[i].dataType();
+            columns = new Slot[fields.size()];
+            Map<Integer, Slot> found = new HashMap<>();
+            int top = 0;
+            for (int i = 0; i < columns.length; i++) {
+                FieldDescriptor field = fields.get(i);
                 FieldDescriptor written = writer.findFieldByNumber(field.getNumber());
-                writerFields[i] = written;
-                if (written == null) {
-                    continue;
-                }
-                boolean readerMessage = field.getJavaType() == FieldDescriptor.JavaType.MESSAGE;
-                boolean writerMessage = written.getJavaType() == FieldDescriptor.JavaType.MESSAGE;
-                if (readerMessage != writerMessage || field.isRepeated() != written.isRepeated()
-                        || field.isMapField() != written.isMapField()) {
-                    throw new Refused("field " + field.getName() + " is " + kind(written) + " in the writer's schema and "
-                            + kind(field) + " in the reader's");
-                }
-                DataType element = types[i] instanceof ArrayType a ? a.elementType() : types[i];
-                if (readerMessage && element instanceof StructType struct && !field.isMapField()) {
-                    nested[i] = new Resolution(written.getMessageType(), field.getMessageType(), struct);
-                } else if (field.isMapField()) {
-                    MapType map = (MapType) types[i];
-                    Descriptor entry = field.getMessageType();
-                    StructType pair = new StructType(new StructField[] {
-                            new StructField("key", map.keyType(), true, org.apache.spark.sql.types.Metadata.empty()),
-                            new StructField("value", map.valueType(), true, org.apache.spark.sql.types.Metadata.empty())});
-                    nested[i] = new Resolution(written.getMessageType(), entry, pair);
+                columns[i] = new Slot(i, field, written, type.fields()[i].dataType(), depth);
+                if (written != null) {
+                    found.put(written.getNumber(), columns[i]);
+                    top = Math.max(top, written.getNumber());
                 }
             }
+            if (top < 1024) {
+                byNumber = new Slot[top + 1];
+                found.forEach((number, slot) -> byNumber[number] = slot);
+                sparse = null;
+            } else {
+                byNumber = null;
+                sparse = found;
+            }
+        }
+
+        Slot slot(int number) {
+            if (byNumber != null) {
+                return number < byNumber.length ? byNumber[number] : null;
+            }
+            return sparse.get(number);
+        }
+    }
+
+    /** One reader column and the writer's field of its number. */
+    private static final class Slot {
+        final int column;
+        final FieldDescriptor reader;
+        final FieldDescriptor writer;
+        /** The column's type; a repeated field's element's; a map's entry (key, value) as a struct. */
+        final DataType type;
+        final boolean repeated;
+        final boolean map;
+        final boolean timestamp;
+        final Plan nested;
+
+        Slot(int column, FieldDescriptor reader, FieldDescriptor writer, DataType columnType, int depth) throws Refused {
+            this.column = column;
+            this.reader = reader;
+            this.writer = writer;
+            this.repeated = reader.isRepeated();
+            this.map = reader.isMapField();
+            DataType element = columnType;
+            if (map) {
+                MapType pair = (MapType) columnType;
+                element = new StructType(new StructField[] {
+                        new StructField("key", pair.keyType(), true, Metadata.empty()),
+                        new StructField("value", pair.valueType(), true, Metadata.empty())});
+            } else if (repeated) {
+                element = ((ArrayType) columnType).elementType();
+            }
+            this.type = element;
+            this.timestamp = element instanceof TimestampType;
+            boolean readerMessage = reader.getJavaType() == FieldDescriptor.JavaType.MESSAGE;
+            if (writer == null) {  // never on the wire: finish() gives it its default
+                this.nested = null;
+                return;
+            }
+            boolean writerMessage = writer.getJavaType() == FieldDescriptor.JavaType.MESSAGE;
+            if (readerMessage != writerMessage || reader.isRepeated() != writer.isRepeated()
+                    || reader.isMapField() != writer.isMapField()) {
+                throw new Refused("field " + reader.getName() + " is " + kind(writer) + " in the writer's schema and "
+                        + kind(reader) + " in the reader's");
+            }
+            if (readerMessage && !timestamp) {
+                this.nested = new Plan(writer.getMessageType(), reader.getMessageType(), (StructType) element, depth + 1);
+            } else {
+                this.nested = null;
+                if (!timestamp && !reads(writer.getType(), element)) {
+                    throw new Refused("field " + reader.getName() + " is " + kind(writer) + " in the writer's schema, "
+                            + "which does not read as the column's " + element.simpleString());
+                }
+            }
+        }
+    }
+
+    /** Whether a writer's scalar of this type reads as a column of {@code type}. */
+    private static boolean reads(FieldDescriptor.Type kind, DataType type) {
+        switch (kind) {
+            case INT32: case SINT32: case SFIXED32:
+                return type instanceof IntegerType || type instanceof LongType;
+            case INT64: case SINT64: case SFIXED64: case UINT32: case FIXED32: case UINT64: case FIXED64:
+                return type instanceof LongType;
+            case FLOAT:
+                return type instanceof FloatType || type instanceof DoubleType;
+            case DOUBLE:
+                return type instanceof DoubleType;
+            case BOOL:
+                return type instanceof BooleanType;
+            case STRING: case ENUM:
+                return type instanceof StringType;
+            case BYTES:
+                return type instanceof BinaryType;
+            default:
+                return false;
         }
     }
 
@@ -194,7 +274,7 @@ public final class ProtobufFromBytes extends TidemarkExpression {
 
     private Map<Integer, Writer> decoders() {
         if (decoders == null) {
-            Map<Integer, Writer> built = new ConcurrentHashMap<>();
+            Map<Integer, Writer> built = new HashMap<>();
             ArrayData ids = writers.keyArray();
             ArrayData sets = writers.valueArray();
             for (int i = 0; i < writers.numElements(); i++) {
@@ -281,26 +361,41 @@ public final class ProtobufFromBytes extends TidemarkExpression {
         }
         CodedInputStream in = CodedInputStream.newInstance(value, 5, value.length - 5);
         Descriptor written;
-        DynamicMessage parsed;
         try {
             written = indexed(writer, in);
-            parsed = DynamicMessage.parseFrom(written, in);
-        } catch (IOException e) {  // InvalidProtocolBufferException, and a truncated varint of the indexes
+        } catch (IOException e) {  // a truncated varint of the indexes
             throw new Refused("value does not decode as Protobuf with schema id " + id + ": " + e.getMessage());
         }
         if (!written.getFullName().equals(message)) {
             throw new Refused("schema id " + id + "'s message " + written.getFullName() + " is not the pipeline's "
                     + "message " + message);
         }
-        Resolution resolution = writer.resolutions.get(written);
-        if (resolution == null) {
-            StructType payload = new StructType(java.util.Arrays.copyOf(schema.fields(), schema.fields().length - 1));
-            resolution = new Resolution(written, readerMessage(), payload);
-            writer.resolutions.put(written, resolution);
-        }
+        Plan plan = plan(writer, written);
         Object[] values = new Object[schema.fields().length];
-        read(parsed, resolution, values);
+        try {
+            read(in, plan, values, 0);
+        } catch (IOException | RuntimeException e) {  // InvalidProtocolBufferException among them
+            throw new Refused("value does not decode as Protobuf with schema id " + id + ": " + e.getMessage());
+        }
+        finish(plan, values);
         return new GenericInternalRow(values);
+    }
+
+    private Plan plan(Writer writer, Descriptor written) throws Refused {
+        Object kept = writer.plans.get(written);
+        if (kept == null) {
+            StructType payload = new StructType(java.util.Arrays.copyOf(schema.fields(), schema.fields().length - 1));
+            try {
+                kept = new Plan(written, readerMessage(), payload, 0);
+            } catch (Refused refused) {
+                kept = refused;
+            }
+            writer.plans.put(written, kept);
+        }
+        if (kept instanceof Refused refused) {
+            throw refused;
+        }
+        return (Plan) kept;
     }
 
     /** The message the frame's indexes name: Confluent writes their count first, and 0 alone for [0]. */
@@ -325,95 +420,226 @@ public final class ProtobufFromBytes extends TidemarkExpression {
         return found;
     }
 
-    private static void read(DynamicMessage parsed, Resolution resolution, Object[] into) throws Refused {
-        for (int i = 0; i < resolution.readerFields.length; i++) {
-            FieldDescriptor field = resolution.readerFields[i];
-            FieldDescriptor written = resolution.writerFields[i];
-            Object raw;
-            FieldDescriptor source;
-            if (written == null) {  // the writer's version has no such field: the reader's default
-                if (field.isRepeated()) {
-                    raw = List.of();
-                } else if (field.hasPresence()) {
-                    continue;
-                } else {
-                    raw = field.getDefaultValue();
+    /**
+     * One message's fields from {@code in} (to its end or limit) into {@code into}, by the plan's
+     * columns: scalars as the columns' values; repeated fields as lists, map entries as lists of
+     * slot pairs and messages as slot arrays, which {@link #finish} turns into Spark's. Unknown
+     * fields are skipped.
+     */
+    private static void read(CodedInputStream in, Plan plan, Object[] into, int depth) throws IOException {
+        if (depth > MAX_DEPTH) {
+            throw new IOException("messages nest deeper than " + MAX_DEPTH + " levels");
+        }
+        while (true) {
+            int tag = in.readTag();
+            if (tag == 0) {
+                return;
+            }
+            int number = tag >>> 3;
+            int wire = tag & 7;
+            Slot slot = plan.slot(number);
+            if (slot == null) {
+                if (!in.skipField(tag)) {
+                    throw new IOException("an end-group tag outside a group");
                 }
-                source = field;
-            } else if (!written.isRepeated() && written.hasPresence() && !parsed.hasField(written)) {
                 continue;
+            }
+            FieldDescriptor.Type kind = slot.writer.getType();
+            if (slot.repeated && wire == 2 && packable(kind)) {
+                int limit = in.pushLimit(in.readRawVarint32());
+                while (in.getBytesUntilLimit() > 0) {
+                    append(into, slot.column, scalar(in, kind, slot));
+                }
+                in.popLimit(limit);
+                continue;
+            }
+            if (wire != wireType(kind)) {
+                throw new IOException("field " + slot.writer.getName() + " (" + number + ") has wire type " + wire
+                        + ", not its schema's " + wireType(kind));
+            }
+            Object item;
+            if (kind == FieldDescriptor.Type.MESSAGE) {
+                int limit = in.pushLimit(in.readRawVarint32());
+                if (slot.timestamp) {
+                    item = timestamp(in);
+                } else {
+                    Object[] nested = new Object[slot.nested.columns.length];
+                    read(in, slot.nested, nested, depth + 1);
+                    item = nested;
+                }
+                in.popLimit(limit);
             } else {
-                raw = parsed.getField(written);
-                source = written;
+                item = scalar(in, kind, slot);
             }
-            into[i] = value(raw, source, resolution.types[i], resolution.nested[i], field);
+            if (slot.repeated) {
+                append(into, slot.column, item);
+            } else if (item instanceof Object[] again && into[slot.column] instanceof Object[] first) {
+                merge(first, again);
+            } else {
+                into[slot.column] = item;
+            }
         }
     }
 
-    private static Object value(Object raw, FieldDescriptor source, DataType type, Resolution nested,
-                                FieldDescriptor field) throws Refused {
-        if (source.isMapField()) {
-            List<?> entries = (List<?>) raw;
-            Object[] keys = new Object[entries.size()];
-            Object[] values = new Object[entries.size()];
-            for (int j = 0; j < entries.size(); j++) {
-                Object[] pair = new Object[2];
-                read((DynamicMessage) entries.get(j), nested, pair);
-                keys[j] = pair[0];
-                values[j] = pair[1];
-            }
-            return new ArrayBasedMapData(new GenericArrayData(keys), new GenericArrayData(values));
+    @SuppressWarnings("unchecked")
+    private static void append(Object[] into, int column, Object item) {
+        if (!(into[column] instanceof List)) {
+            into[column] = new ArrayList<>();
         }
-        if (source.isRepeated()) {
-            List<?> items = (List<?>) raw;
-            DataType element = ((ArrayType) type).elementType();
-            Object[] out = new Object[items.size()];
-            for (int j = 0; j < items.size(); j++) {
-                out[j] = scalar(items.get(j), source, element, nested, field);
-            }
-            return new GenericArrayData(out);
-        }
-        return scalar(raw, source, type, nested, field);
+        ((List<Object>) into[column]).add(item);
     }
 
-    private static Object scalar(Object raw, FieldDescriptor source, DataType type, Resolution nested,
-                                 FieldDescriptor field) throws Refused {
-        FieldDescriptor.Type kind = source.getType();
-        if (type instanceof StructType) {
-            Object[] values = new Object[((StructType) type).fields().length];
-            read((DynamicMessage) raw, nested, values);
-            return new GenericInternalRow(values);
-        }
-        if (type instanceof TimestampType && raw instanceof DynamicMessage stamp) {  // google.protobuf.Timestamp
-            Descriptor d = stamp.getDescriptorForType();
-            long seconds = (Long) stamp.getField(d.findFieldByNumber(1));
-            int nanos = (Integer) stamp.getField(d.findFieldByNumber(2));
-            return Math.addExact(Math.multiplyExact(seconds, 1_000_000L), nanos / 1_000);
-        }
-        if (type instanceof StringType) {
-            if (raw instanceof EnumValueDescriptor value) {
-                return UTF8String.fromString(value.getName());
+    /** A message seen again merges into the first: its set fields win, its repeated ones add on. */
+    @SuppressWarnings("unchecked")
+    private static void merge(Object[] into, Object[] again) {
+        for (int i = 0; i < into.length; i++) {
+            if (again[i] == null) {
+                continue;
             }
-            if (raw instanceof String text) {
-                return UTF8String.fromString(text);
+            if (into[i] instanceof List && again[i] instanceof List) {
+                ((List<Object>) into[i]).addAll((List<Object>) again[i]);
+            } else if (into[i] instanceof Object[] a && again[i] instanceof Object[] b) {
+                merge(a, b);
+            } else {
+                into[i] = again[i];
             }
-        } else if (type instanceof LongType && raw instanceof Number number) {
-            boolean unsigned = kind == FieldDescriptor.Type.UINT32 || kind == FieldDescriptor.Type.FIXED32;
-            return unsigned ? Integer.toUnsignedLong(number.intValue()) : number.longValue();
-        } else if (type instanceof IntegerType && raw instanceof Integer number) {
-            return number;
-        } else if (type instanceof DoubleType && raw instanceof Number number
-                && (raw instanceof Double || raw instanceof Float)) {
-            return number.doubleValue();
-        } else if (type instanceof FloatType && raw instanceof Float number) {
-            return number;
-        } else if (type instanceof BooleanType && raw instanceof Boolean flag) {
-            return flag;
-        } else if (type instanceof BinaryType && raw instanceof ByteString bytes) {
+        }
+    }
+
+    /** A {@code google.protobuf.Timestamp} as Spark's microseconds. */
+    private static Object timestamp(CodedInputStream in) throws IOException {
+        long seconds = 0;
+        int nanos = 0;
+        while (true) {
+            int tag = in.readTag();
+            if (tag == 0) {
+                return Math.addExact(Math.multiplyExact(seconds, 1_000_000L), nanos / 1_000);
+            }
+            if (tag == (1 << 3)) {
+                seconds = in.readInt64();
+            } else if (tag == (2 << 3)) {
+                nanos = in.readInt32();
+            } else if (!in.skipField(tag)) {
+                throw new IOException("an end-group tag inside a google.protobuf.Timestamp");
+            }
+        }
+    }
+
+    private static Object scalar(CodedInputStream in, FieldDescriptor.Type kind, Slot slot) throws IOException {
+        DataType type = slot.type;
+        switch (kind) {
+            case INT32: return widen(in.readInt32(), type);
+            case SINT32: return widen(in.readSInt32(), type);
+            case SFIXED32: return widen(in.readSFixed32(), type);
+            case INT64: return in.readInt64();
+            case SINT64: return in.readSInt64();
+            case SFIXED64: return in.readSFixed64();
+            case UINT32: return Integer.toUnsignedLong(in.readUInt32());
+            case FIXED32: return Integer.toUnsignedLong(in.readFixed32());
+            case UINT64: return in.readUInt64();
+            case FIXED64: return in.readFixed64();
+            case FLOAT: {
+                float number = in.readFloat();
+                return type instanceof DoubleType ? (Object) (double) number : (Object) number;
+            }
+            case DOUBLE: return in.readDouble();
+            case BOOL: return in.readBool();
+            case STRING: {  // UTF-8, as Protobuf requires of proto3 strings and a string column needs
+                byte[] text = in.readByteArray();
+                if (!ValidUtf8.isValid(text)) {
+                    throw new IOException("field " + slot.writer.getName() + " is not valid UTF-8");
+                }
+                return UTF8String.fromBytes(text);
+            }
+            case BYTES: return in.readByteArray();
+            case ENUM: {
+                int number = in.readEnum();
+                EnumValueDescriptor named = slot.writer.getEnumType().findValueByNumber(number);
+                return UTF8String.fromString(named != null ? named.getName() : Integer.toString(number));
+            }
+            default:
+                throw new IOException("field " + slot.writer.getName() + " has type " + kind + ", which is not read");
+        }
+    }
+
+    private static Object widen(int number, DataType type) {
+        return type instanceof LongType ? (Object) (long) number : (Object) number;
+    }
+
+    private static boolean packable(FieldDescriptor.Type kind) {
+        return kind != FieldDescriptor.Type.STRING && kind != FieldDescriptor.Type.BYTES
+                && kind != FieldDescriptor.Type.MESSAGE && kind != FieldDescriptor.Type.GROUP;
+    }
+
+    private static int wireType(FieldDescriptor.Type kind) {
+        switch (kind) {
+            case FIXED64: case SFIXED64: case DOUBLE: return 1;
+            case STRING: case BYTES: case MESSAGE: return 2;
+            case GROUP: return 3;
+            case FIXED32: case SFIXED32: case FLOAT: return 5;
+            default: return 0;
+        }
+    }
+
+    /**
+     * {@link #read}'s slots as Spark's values: lists as arrays and maps (a key seen again: the
+     * last wins), slot arrays as rows, and a field not on the wire as its default: null where it
+     * has presence, else the reader's (0, "", the first enum value, an empty list or map).
+     */
+    @SuppressWarnings("unchecked")
+    private static void finish(Plan plan, Object[] values) {
+        for (Slot slot : plan.columns) {
+            Object held = values[slot.column];
+            if (slot.map) {
+                Map<Object, Object> entries = new LinkedHashMap<>();
+                for (Object entry : held instanceof List ? (List<Object>) held : List.of()) {
+                    Object[] pair = (Object[]) entry;
+                    finish(slot.nested, pair);
+                    entries.put(pair[0], pair[1]);
+                }
+                values[slot.column] = new ArrayBasedMapData(new GenericArrayData(entries.keySet().toArray()),
+                        new GenericArrayData(entries.values().toArray()));
+            } else if (slot.repeated) {
+                Object[] items = held instanceof List ? ((List<Object>) held).toArray() : new Object[0];
+                if (slot.nested != null) {
+                    for (int i = 0; i < items.length; i++) {
+                        Object[] nested = (Object[]) items[i];
+                        finish(slot.nested, nested);
+                        items[i] = new GenericInternalRow(nested);
+                    }
+                }
+                values[slot.column] = new GenericArrayData(items);
+            } else if (held instanceof Object[] nested) {
+                finish(slot.nested, nested);
+                values[slot.column] = new GenericInternalRow(nested);
+            } else if (held == null && !slot.reader.hasPresence()) {
+                values[slot.column] = defaultOf(slot);
+            }
+        }
+    }
+
+    private static Object defaultOf(Slot slot) {
+        Object value = slot.reader.getDefaultValue();
+        if (value instanceof EnumValueDescriptor named) {
+            return UTF8String.fromString(named.getName());
+        }
+        if (value instanceof String text) {
+            return UTF8String.fromString(text);
+        }
+        if (value instanceof ByteString bytes) {
             return bytes.toByteArray();
         }
-        throw new Refused("field " + field.getName() + " is " + kind(source) + " in the writer's schema, which does "
-                + "not read as the column's " + type.simpleString());
+        FieldDescriptor.Type kind = slot.reader.getType();
+        if (value instanceof Integer number && (kind == FieldDescriptor.Type.UINT32 || kind == FieldDescriptor.Type.FIXED32)) {
+            return Integer.toUnsignedLong(number);
+        }
+        if (value instanceof Integer number && slot.type instanceof LongType) {
+            return (long) number;
+        }
+        if (value instanceof Float number && slot.type instanceof DoubleType) {
+            return (double) number;
+        }
+        return value;
     }
 
     @Override
