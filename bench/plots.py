@@ -60,6 +60,17 @@ def relay(data: dict[str, Any]) -> Figure:
                     [f"{s} event(s) per source txn" for s in sizes], series, "events/s")
 
 
+def relay_format(data: dict[str, Any]) -> Figure:
+    rate = data["events_per_s"]
+    band = data["band"]
+    return _grouped(f"Relay by value format, {data['events']:,} events in {data['txn_size']}-event source txns\n"
+                    f"Avro {data['ratio_avro_vs_json']:.2f}× JSON (band {band['avro_vs_json'][0]:.2f}–"
+                    f"{band['avro_vs_json'][1]:.2f}), Protobuf {data['ratio_protobuf_vs_json']:.2f}× JSON "
+                    f"(band {band['protobuf_vs_json'][0]:.2f}–{band['protobuf_vs_json'][1]:.2f})",
+                    [f"median of {data['reps']}"], {f"format: {n}": [rate[n]] for n in ("json", "avro", "protobuf")},
+                    "events/s")
+
+
 def g3(data: dict[str, Any]) -> Figure:
     seconds = data["seconds"]
     order = ("plain", "g3", "g3-scan", "g3+dedup", "g3-narrow", "g3-unrecorded", "g3-cut-only")
@@ -131,10 +142,10 @@ def avro(data: dict[str, Any]) -> Figure:
     names = [n for n in ("tidemark-avro", "structured-streaming-avro", "tidemark-json", "tidemark-protobuf")
              if n in med]
     protobuf = data.get("ratio_protobuf_vs_avro")
-    return _grouped(f"{data['records']:,} records, three writer versions: Avro "
-                    f"{data['ratio_vs_structured_streaming']:.2f}× Structured Streaming (from_avro), "
-                    f"{data['ratio_vs_json']:.2f}× Tidemark's JSON"
-                    + (f";\nProtobuf {protobuf:.2f}× Avro" if protobuf is not None else ""),
+    return _grouped(f"{data['records']:,} records, three writer versions"
+                    + (f": Protobuf {protobuf:.2f}× Avro" if protobuf is not None else "")
+                    + f"\nAvro {data['ratio_vs_structured_streaming']:.2f}× Structured Streaming (from_avro), "
+                    f"{data['ratio_vs_json']:.2f}× Tidemark's JSON",
                     ["throughput"], {n: [data["records"] / med[n]] for n in names}, "records/s")
 
 
@@ -220,7 +231,7 @@ CHARTS: dict[str, Callable[[dict[str, Any]], Figure]] = {
     "cold_start_bench": cold_start, "read_heap_bench": read_heap, "reader_bench": reader,
     "revisions": revisions, "jit_bench": jit, "local_fs_bench": local_fs,
     "reader_reuse_bench": reader_reuse, "ingest_bench": ingest, "serve_bench": serve, "history_properties": history_properties,
-    "relay_bench": relay, "g3_bench": g3, "freshness_bench": freshness, "position_bench": position,
+    "relay_bench": relay, "relay_format_bench": relay_format, "g3_bench": g3, "freshness_bench": freshness, "position_bench": position,
     "status_bench": status, "history_bench": history, "history_day": history_day, "s3_bench": s3,
     "avro_bench": avro,
 }

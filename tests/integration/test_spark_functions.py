@@ -362,7 +362,14 @@ def test_avro_direct_decode_gives_from_avros_rows_and_reasons(spark) -> None:  #
 
     from pyspark.sql import functions as F
 
-    from pipelines.avro import DECODE_ERROR, DECODED, _direct_columns, _from_avro_columns, direct, reader_with_marker
+    from pipelines.avro import (
+        DECODE_ERROR,
+        DECODED,
+        _direct_columns,
+        _from_avro_columns,
+        direct,
+        reader_with_marker,
+    )
     from tests.avro_helpers import framed
 
     line = {"type": "record", "name": "Line", "fields": [{"name": "sku", "type": "string"},
