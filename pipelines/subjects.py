@@ -12,7 +12,7 @@ from __future__ import annotations
 from connectors.registry import Registry
 from offsets.ledger import Schemas
 from tidemark.config import PipelineConfig
-from tidemark.errors import ConfigError, ServiceUnavailableError
+from tidemark.errors import ConfigError, RegistryUnavailableError
 
 
 def plan(registry: Registry, pipeline: PipelineConfig) -> Schemas:
@@ -28,7 +28,7 @@ def plan(registry: Registry, pipeline: PipelineConfig) -> Schemas:
 
 def schema_text(registry: Registry, schema_id: int, subject: str) -> str:
     found = registry.schema(schema_id)
-    if found is None:  # a version's id the registry itself listed: it was deleted since
-        raise ServiceUnavailableError(f"schema id {schema_id} of subject {subject!r} is no longer in the registry at "
-                                      f"{registry.url}; restore it (a batch planned with it must decode with it)")
+    if found is None:  # a version's id the registry itself listed: deleted since. A follower waits for it
+        raise RegistryUnavailableError(f"schema id {schema_id} of subject {subject!r} is no longer in the registry "
+                                       f"at {registry.url}; restore it (a batch planned with it must decode with it)")
     return found
