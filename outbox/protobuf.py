@@ -5,8 +5,10 @@ in the schema registry, as that version's first message, from the payload's JSON
 canonical JSON mapping: field names or their JSON names, enums by name, 64-bit integers as
 numbers or strings), then framed as Confluent's serializers frame them (magic byte 0, the
 id, the message indexes, the body), which Tidemark's ``format: protobuf`` ingest and every
-Confluent deserializer read. Schemas are registered ahead. A field the schema lacks, or a
-value of the wrong type, is an invalid payload (``on_invalid_payload``), never dropped
+Confluent deserializer read. Most payloads are read by the message class's constructor, which
+gives the same message ten times faster; those it could read otherwise go to the JSON
+mapping itself (:func:`_constructor_agrees`). Schemas are registered ahead. A field the
+schema lacks, or a value of the wrong type, is an invalid payload (``on_invalid_payload``), never dropped
 silently. The schema of a topic is looked up once per process (a relay restarted after a
 new version is registered takes the new one). A ``bytea`` payload passes unchanged, checked
 only to be framed. The registry's answers are :mod:`connectors.registry`'s: one that does
@@ -16,6 +18,7 @@ not answer is transient (the relay stops with exit 75 before producing the trans
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,7 +77,59 @@ class ProtobufEncoder:
         target = self._target(topic)
         try:
             record = json.loads(payload)
-            body = json_format.ParseDict(record, target.make()).SerializeToString()
-        except (ValueError, TypeError, json_format.ParseError) as exc:
-            raise InvalidPayload(f"the payload does not match the schema of {topic}-value: {exc}") from None
+        except ValueError as exc:  # jsonb is always valid JSON; kept for a payload from elsewhere
+            raise InvalidPayload(f"the payload is not JSON ({exc})") from None
+        body = None
+        if _constructor_agrees(record, target.make.DESCRIPTOR):
+            try:
+                body = target.make(**record).SerializeToString()
+            except (ValueError, TypeError):  # e.g. a JSON name, an int64 as a string: the mapping decides
+                body = None
+        if body is None:
+            try:
+                body = json_format.ParseDict(record, target.make()).SerializeToString()
+            except (ValueError, TypeError, json_format.ParseError) as exc:
+                raise InvalidPayload(f"the payload does not match the schema of {topic}-value: {exc}") from None
         return frame(target.schema_id, target.indexes, body)
+
+
+#: The largest finite float32: a larger number is refused by the JSON mapping, made infinite by the constructor.
+_FLOAT_MAX = 3.4028234663852886e38
+
+
+def _constructor_agrees(record: Any, descriptor: Any) -> bool:
+    """Whether the message class's constructor (C, ~3 µs) reads ``record`` as Protobuf's JSON
+    mapping (``json_format.ParseDict``, pure Python, ~35 µs) would, so the relay may take it. It
+    refuses most of what the mapping refuses, and what it cannot read the mapping reads instead;
+    what it would take that the mapping does not, it never sees: a bool given as a number, a
+    float past float32's range, and the JSON forms of bytes (base64) and well-known types."""
+    if not isinstance(record, dict):
+        return False
+    fields = descriptor.fields_by_name
+    for name, value in record.items():
+        field = fields.get(name)
+        if field is None:
+            return False  # a JSON name (camelCase) or no such field: the mapping decides
+        if value is None:
+            continue
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            entry = field.message_type.fields_by_name["value"]
+            if not isinstance(value, dict) or not all(_value_agrees(entry, v) for v in value.values()):
+                return False
+        elif field.is_repeated:
+            if not isinstance(value, list) or not all(_value_agrees(field, v) for v in value):
+                return False
+        elif not _value_agrees(field, value):
+            return False
+    return True
+
+
+def _value_agrees(field: Any, value: Any) -> bool:
+    if field.message_type is not None:
+        return (not field.message_type.full_name.startswith("google.protobuf.")
+                and _constructor_agrees(value, field.message_type))
+    if field.type == field.TYPE_BOOL:
+        return isinstance(value, bool)
+    if field.type == field.TYPE_FLOAT and isinstance(value, int | float) and not isinstance(value, bool):
+        return abs(value) <= _FLOAT_MAX or math.isnan(value)  # NaN: both read it
+    return field.type != field.TYPE_BYTES

@@ -18,6 +18,7 @@ FIGURES = DOCS / "bench"
 SHOWN = {
     "ingest": "ingest_bench",
     "relay": "relay_bench",
+    "relay-format": "relay_format_bench",
     "g3": "g3_bench",
     "freshness": "freshness_bench",
     "history": "history_bench",

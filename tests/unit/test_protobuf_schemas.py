@@ -85,3 +85,50 @@ def test_a_protobuf_pipeline_is_checked_when_the_config_is_read(fields: dict[str
     good = parse_config({"pipelines": [{"name": "p", "topics": ["orders"], "target": "/t", "format": "protobuf",
                                         "message": "shop.Order"}]}).pipelines[0]
     assert (good.registry_subject, good.message, good.uses_registry) == ("orders-value", "shop.Order", True)
+
+
+_RELAYED = '''syntax = "proto3";
+package p;
+enum K { A = 0; B = 1; }
+message In { string s = 1; bool on = 2; repeated float fs = 3; }
+message M {
+  string name = 1; int64 n = 2; int32 i = 3; double d = 4; bool b = 5; K k = 6; In inner = 7;
+  repeated int32 r = 8; map<string, In> m = 9; string camel_case = 10; float f = 11; bytes raw = 12;
+  uint32 u = 13; repeated bool flags = 14;
+}
+'''
+
+
+def test_the_relays_constructor_path_gives_the_json_mappings_message_or_leaves_it_to_the_mapping() -> None:
+    """``outbox.protobuf``: where the relay takes a payload by the message class's constructor, the
+    bytes are those Protobuf's JSON mapping gives (and the mapping would not refuse it)."""
+    import random
+
+    from google.protobuf import json_format, message_factory
+
+    from outbox.protobuf import _constructor_agrees
+
+    descriptor = message(compile_schema(_RELAYED, "t"), "p.M", "t")
+    make = message_factory.GetMessageClass(descriptor)
+    rng = random.Random(11)
+    odd = [None, True, False, 0, 1, -1, 2**31, 2**40, -(2**63), 2**64, 1.0, 1.5, 1e40, float("nan"), "", "B", "C",
+           "12", "AAE=", "x", [], [1, True], {}, {"s": "x"}, {"s": 1}, {"on": 1}, {"fs": [1e39]}]
+    names = [f.name for f in descriptor.fields] + ["camelCase", "nope"]
+    taken = 0
+    for _ in range(3000):
+        record = {rng.choice(names): rng.choice(odd) for _ in range(rng.randrange(1, 5))}
+        if rng.random() < 0.3:
+            record["m"] = {"k": rng.choice(odd)}
+        try:
+            mapped: bytes | None = json_format.ParseDict(record, make()).SerializeToString()
+        except (json_format.ParseError, ValueError, TypeError):
+            mapped = None
+        if not _constructor_agrees(record, descriptor):
+            continue
+        try:
+            built = make(**record).SerializeToString()
+        except (ValueError, TypeError):
+            continue  # the relay then asks the mapping
+        taken += 1
+        assert built == mapped, record
+    assert taken > 100  # the constructor's path is taken, and never where it would differ
