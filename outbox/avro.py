@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from connectors.registry import client_config, refusal, registry_url, unreachable
-from outbox.payloads import InvalidPayload, check_framed
+from outbox.payloads import InvalidPayload, check_framed, record_of
 from tidemark.config import RelayConfig, SchemaRegistryConfig
 from tidemark.errors import ConfigError
 from tidemark.settings import Settings
@@ -74,10 +74,7 @@ class AvroEncoder:
             return check_framed(payload, 5)
         from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-        try:
-            record = json.loads(payload)
-        except ValueError as exc:  # jsonb is always valid JSON; kept for a payload from elsewhere
-            raise InvalidPayload(f"the payload is not JSON ({exc})") from None
+        record = record_of(payload)
         try:
             head, schema = self._writer(topic)
         except SchemaRegistryError as exc:

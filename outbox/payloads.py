@@ -8,7 +8,7 @@ value the application serialized itself: it passes unchanged, checked only to be
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class InvalidPayload(Exception):
@@ -27,3 +27,21 @@ def check_framed(payload: bytes, shortest: int) -> bytes:
         raise InvalidPayload(f"the bytea payload is not in Confluent's framing (magic byte 0, a 4-byte "
                              f"schema id, the body): it starts {payload[:5].hex() or 'empty'}")
     return payload
+
+
+def record_of(payload: bytes) -> Any:
+    """A ``jsonb`` payload's JSON (always valid from PostgreSQL; checked for a payload from elsewhere).
+    By orjson (a third of ``json``'s time per payload), else by ``json``, which also reads what
+    orjson refuses (integers past 64 bits)."""
+    import json
+
+    import orjson
+
+    try:
+        return orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        return json.loads(payload)
+    except ValueError as exc:
+        raise InvalidPayload(f"the payload is not JSON ({exc})") from None

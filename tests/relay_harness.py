@@ -480,3 +480,35 @@ def assert_relayed_exactly_once(setup: RelaySetup, committed: list[SourceTxn], r
     inversions = sum(1 for a, b in itertools.pairwise(xids) if a > b)
     return {"events": len(records), "transactions": len(committed), "id_order_inversions": inversions,
             "rolled_back_events": len(rolled_back)}
+
+
+def assert_invalid_payload_stops_then_dead_letters(setup: RelaySetup, bad_payload: dict[str, Any], field: str,
+                                                   decode: Callable[[bytes], dict[str, Any]]) -> None:
+    """``relay.on_invalid_payload`` on a relay of ``setup``'s format: a source transaction whose
+    second event's payload (``bad_payload``, on topic payment) does not match its schema stops the
+    relay naming the event, subject and ``field``, with nothing of it produced; under
+    ``dead_letter`` the whole transaction goes to the dead letters and the relay goes on."""
+    from outbox.schema import add_event
+
+    with setup.connect() as conn, conn.cursor() as cur:
+        good = str(add_event(cur, "order", "agg-1", "Changed", {"key": "agg-1", "seq": 1}, table=setup.table))
+        conn.commit()
+        bad = [str(add_event(cur, "order", "agg-2", "Changed", {"key": "agg-2", "seq": 1}, table=setup.table)),
+               str(add_event(cur, "payment", "agg-2", "Changed", bad_payload, table=setup.table))]
+        conn.commit()
+    code = setup.run("--idle-exit", "3")
+    log = setup.log_tail()
+    assert code == 1, log
+    assert f"event {bad[1]}" in log and f"{setup.prefix}.payment-value" in log and field in log, log
+    assert [header(r, H.EVENT_ID) for r in setup.records()] == [good]  # nothing of the bad transaction
+    assert setup.outbox_rows() == 2
+
+    dead = setup.with_relay("dead.yaml", on_invalid_payload="dead_letter")
+    assert dead.run("--idle-exit", "3") == 0, dead.log_tail()
+    assert [header(r, H.EVENT_ID) for r in setup.records()] == [good]
+    assert setup.outbox_rows() == 0
+    with setup.connect() as conn, conn.cursor() as cur:
+        cur.execute(f"SELECT id::text, reason FROM {setup.table}_dead_letters ORDER BY id")
+        moved = cur.fetchall()
+    assert sorted(i for i, _ in moved) == sorted(bad) and all("does not match" in why for _, why in moved)
+    assert [decode(r.value or b"") for r in setup.records()] == [{"key": "agg-1", "seq": 1}]

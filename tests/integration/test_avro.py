@@ -41,7 +41,7 @@ def _produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
 
 def _ingest(spark, bootstrap: str, topic: str, target: str, **extra: Any):  # type: ignore[no-untyped-def]
     config = parse_config({"pipelines": [{"name": "orders", "topics": [topic], "target": target, "format": "avro",
-                                          **extra}]})
+                                          **extra}]})  # extra may name another format
     return IngestJob(spark, config, config.pipelines[0], bootstrap).run_bounded()
 
 

@@ -16,8 +16,8 @@ import pytest
 
 from offsets.ledger import Ledger
 from pipelines.evolution import SchemaConflictError
-from pipelines.ingest import IngestJob
-from tests.integration.test_avro import _delete_version, _produce, _set_compatibility
+from tests.integration.test_avro import _columns, _delete_version, _produce, _set_compatibility
+from tests.integration.test_avro import _ingest as ingest
 from tests.protobuf_helpers import framed, register
 from tidemark.config import parse_config
 
@@ -33,13 +33,7 @@ V4 = HEAD + "message Order { string id = 1; " + FIELDS + " string channel = 8; }
 
 
 def _ingest(spark, bootstrap: str, topic: str, target: str, **extra: Any):  # type: ignore[no-untyped-def]
-    config = parse_config({"pipelines": [{"name": "orders", "topics": [topic], "target": target,
-                                          "format": "protobuf", **extra}]})
-    return IngestJob(spark, config, config.pipelines[0], bootstrap).run_bounded()
-
-
-def _columns(df) -> dict[str, str]:  # type: ignore[no-untyped-def]
-    return {name: kind for name, kind in df.dtypes if not name.startswith("_")}
+    return ingest(spark, bootstrap, topic, target, **{"format": "protobuf", **extra})
 
 
 def test_a_protobuf_subject_evolving_mid_stream_lands_every_record_with_its_writer_schema(  # type: ignore[no-untyped-def]

@@ -15,11 +15,15 @@ from typing import Any
 import pytest
 
 from connectors.protobuf_schemas import compile_schema, message
-from outbox import headers as H
 from outbox.relay import CRASH_POINTS
-from outbox.schema import add_event
 from tests.protobuf_helpers import register
-from tests.relay_harness import AGGREGATES, RelaySetup, Writers, assert_relayed_exactly_once, header
+from tests.relay_harness import (
+    AGGREGATES,
+    RelaySetup,
+    Writers,
+    assert_invalid_payload_stops_then_dead_letters,
+    assert_relayed_exactly_once,
+)
 
 CHANGED = 'syntax = "proto3";\npackage shop;\nmessage Changed { string key = 1; int64 seq = 2; }\n'
 
@@ -69,25 +73,4 @@ def test_sigkill_under_protobuf_loses_and_duplicates_nothing_and_ingest_reads_it
 
 def test_a_payload_that_does_not_match_its_protobuf_schema_stops_or_goes_to_the_dead_letters(  # type: ignore[no-untyped-def]
         setup: RelaySetup) -> None:
-    with setup.connect() as conn, conn.cursor() as cur:
-        good = str(add_event(cur, "order", "agg-1", "Changed", {"key": "agg-1", "seq": 1}, table=setup.table))
-        conn.commit()
-        bad = [str(add_event(cur, "order", "agg-2", "Changed", {"key": "agg-2", "seq": 1}, table=setup.table)),
-               str(add_event(cur, "payment", "agg-2", "Changed", {"key": "agg-2", "sequence": 2}, table=setup.table))]
-        conn.commit()
-    code = setup.run("--idle-exit", "3")
-    log = setup.log_tail()
-    assert code == 1, log
-    assert f"event {bad[1]}" in log and f"{setup.prefix}.payment-value" in log and "sequence" in log, log
-    assert [header(r, H.EVENT_ID) for r in setup.records()] == [good]  # nothing of the bad transaction
-    assert setup.outbox_rows() == 2
-
-    dead = setup.with_relay("dead.yaml", on_invalid_payload="dead_letter")
-    assert dead.run("--idle-exit", "3") == 0, dead.log_tail()
-    assert [header(r, H.EVENT_ID) for r in setup.records()] == [good]
-    assert setup.outbox_rows() == 0
-    with setup.connect() as conn, conn.cursor() as cur:
-        cur.execute(f"SELECT id::text, reason FROM {setup.table}_dead_letters ORDER BY id")
-        moved = cur.fetchall()
-    assert sorted(i for i, _ in moved) == sorted(bad) and all("does not match" in why for _, why in moved)
-    assert [_decode(r.value or b"") for r in setup.records()] == [{"key": "agg-1", "seq": 1}]
+    assert_invalid_payload_stops_then_dead_letters(setup, {"key": "agg-2", "sequence": 2}, "sequence", _decode)

@@ -25,7 +25,6 @@ import org.apache.spark.sql.catalyst.util.GenericArrayData;
 import org.apache.spark.sql.catalyst.util.MapData;
 import org.apache.spark.sql.types.ArrayType;
 import org.apache.spark.sql.types.DataType;
-import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.Decimal;
 import org.apache.spark.sql.types.DecimalType;
 import org.apache.spark.sql.types.MapType;
@@ -53,25 +52,22 @@ import scala.runtime.AbstractFunction1;
  * JSON form: the reader's fields as {@code from_avro} types them, then one string field that
  * holds why a value did not decode (null when it did; every other field is then null).
  */
-public final class AvroFromBytes extends TidemarkExpression {
+public final class AvroFromBytes extends FramedDecoder {
     private static final long serialVersionUID = 1L;
     public static final String NAME = "tidemark_from_avro";
 
-    private final Expression child;
     private final MapData writers;
     private final String reader;
     private final String subject;
-    private final StructType schema;
     private transient Map<Integer, ResolvingDecoder> decoders;
     private transient Schema readerSchema;
     private transient BinaryDecoder binary;
 
     public AvroFromBytes(Expression child, MapData writers, String reader, String subject, StructType schema) {
-        this.child = child;
+        super(child, schema);
         this.writers = writers;
         this.reader = reader;
         this.subject = subject;
-        this.schema = schema;
     }
 
     /** Registers the function in {@code spark}'s session (what infra/udfs.py calls through py4j). */
@@ -85,33 +81,12 @@ public final class AvroFromBytes extends TidemarkExpression {
 
         @Override
         public Expression apply(Seq<Expression> args) {
-            if (args.size() != 5) {
-                throw new IllegalArgumentException(NAME + "(value, writers, reader, subject, schema)");
-            }
-            for (int i = 1; i < 5; i++) {
-                if (!args.apply(i).foldable()) {
-                    throw new IllegalArgumentException(NAME + ": every argument but the value must be a constant");
-                }
-            }
-            if (!args.apply(0).dataType().equals(DataTypes.BinaryType)) {
-                throw new IllegalArgumentException(NAME + ": the value must be binary");
-            }
-            DataType given = DataType.fromJson(String.valueOf(args.apply(4).eval(null)));
-            if (!(given instanceof StructType)) {
-                throw new IllegalArgumentException(NAME + ": the schema must be a struct");
-            }
+            String usage = NAME + "(value, writers, reader, subject, schema)";
+            check(args, 5, usage);
+            StructType schema = struct(args.apply(4), usage);
             return new AvroFromBytes(args.apply(0), (MapData) args.apply(1).eval(null),
                     String.valueOf(args.apply(2).eval(null)), String.valueOf(args.apply(3).eval(null)),
-                    (StructType) given.asNullable());
-        }
-    }
-
-    /** Why a value is quarantined. */
-    private static final class Refused extends Exception {
-        private static final long serialVersionUID = 1L;
-
-        Refused(String reason) {
-            super(reason, null, false, false);
+                    schema);
         }
     }
 
@@ -132,25 +107,11 @@ public final class AvroFromBytes extends TidemarkExpression {
     }
 
     @Override
-    public Object eval(InternalRow row) {
-        Object input = child.eval(row);
-        if (input == null) {
-            return null;
-        }
-        try {
-            return decode((byte[]) input);
-        } catch (Refused refused) {
-            Object[] values = new Object[schema.fields().length];
-            values[values.length - 1] = UTF8String.fromString(refused.getMessage());
-            return new GenericInternalRow(values);
-        }
-    }
-
-    private InternalRow decode(byte[] value) throws Refused {
+    InternalRow decode(byte[] value) throws Refused {
         if (value.length < 5 || value[0] != 0) {
             throw new Refused("not Confluent-framed Avro: no magic byte 0 and 4-byte schema id");
         }
-        int id = ((value[1] & 0xFF) << 24) | ((value[2] & 0xFF) << 16) | ((value[3] & 0xFF) << 8) | (value[4] & 0xFF);
+        int id = schemaId(value);
         ResolvingDecoder in;
         try {
             in = decoders().get(id);
@@ -260,21 +221,6 @@ public final class AvroFromBytes extends TidemarkExpression {
     private static Decimal decimal(byte[] unscaled, DecimalType type) {
         BigDecimal exact = new BigDecimal(new BigInteger(unscaled), type.scale());
         return Decimal.apply(exact, type.precision(), type.scale());
-    }
-
-    @Override
-    public Seq<Expression> children() {
-        return seq(child);
-    }
-
-    @Override
-    public DataType dataType() {
-        return schema;
-    }
-
-    @Override
-    public boolean nullable() {
-        return true;
     }
 
     @Override

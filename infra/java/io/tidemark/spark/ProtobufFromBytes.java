@@ -28,7 +28,6 @@ import org.apache.spark.sql.types.ArrayType;
 import org.apache.spark.sql.types.BinaryType;
 import org.apache.spark.sql.types.BooleanType;
 import org.apache.spark.sql.types.DataType;
-import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.DoubleType;
 import org.apache.spark.sql.types.FloatType;
 import org.apache.spark.sql.types.IntegerType;
@@ -67,7 +66,7 @@ import scala.runtime.AbstractFunction1;
  * values per record and ran at under half the Avro decode's rate (1M records of 20 fields,
  * docs/benchmarks.md); this reads each field once into the row.
  */
-public final class ProtobufFromBytes extends TidemarkExpression {
+public final class ProtobufFromBytes extends FramedDecoder {
     private static final long serialVersionUID = 1L;
     public static final String NAME = "tidemark_from_protobuf";
     /** At most this many message indexes in a frame: a nesting deeper than any real schema's. */
@@ -75,22 +74,19 @@ public final class ProtobufFromBytes extends TidemarkExpression {
     /** Messages nested deeper than this in a value are refused (Protobuf's own parsers stop at 100). */
     private static final int MAX_DEPTH = 100;
 
-    private final Expression child;
     private final MapData writers;
     private final String message;
     private final int reader;
     private final String subject;
-    private final StructType schema;
     private transient Map<Integer, Writer> decoders;
 
     public ProtobufFromBytes(Expression child, MapData writers, String message, int reader, String subject,
                              StructType schema) {
-        this.child = child;
+        super(child, schema);
         this.writers = writers;
         this.message = message;
         this.reader = reader;
         this.subject = subject;
-        this.schema = schema;
     }
 
     /** Registers the function in {@code spark}'s session (what infra/udfs.py calls through py4j). */
@@ -104,33 +100,12 @@ public final class ProtobufFromBytes extends TidemarkExpression {
 
         @Override
         public Expression apply(Seq<Expression> args) {
-            if (args.size() != 6) {
-                throw new IllegalArgumentException(NAME + "(value, writers, message, reader, subject, schema)");
-            }
-            for (int i = 1; i < 6; i++) {
-                if (!args.apply(i).foldable()) {
-                    throw new IllegalArgumentException(NAME + ": every argument but the value must be a constant");
-                }
-            }
-            if (!args.apply(0).dataType().equals(DataTypes.BinaryType)) {
-                throw new IllegalArgumentException(NAME + ": the value must be binary");
-            }
-            DataType given = DataType.fromJson(String.valueOf(args.apply(5).eval(null)));
-            if (!(given instanceof StructType)) {
-                throw new IllegalArgumentException(NAME + ": the schema must be a struct");
-            }
+            String usage = NAME + "(value, writers, message, reader, subject, schema)";
+            check(args, 6, usage);
+            StructType schema = struct(args.apply(5), usage);
             return new ProtobufFromBytes(args.apply(0), (MapData) args.apply(1).eval(null),
                     String.valueOf(args.apply(2).eval(null)), ((Number) args.apply(3).eval(null)).intValue(),
-                    String.valueOf(args.apply(4).eval(null)), (StructType) given.asNullable());
-        }
-    }
-
-    /** Why a value is quarantined. */
-    private static final class Refused extends Exception {
-        private static final long serialVersionUID = 1L;
-
-        Refused(String reason) {
-            super(reason, null, false, false);
+                    String.valueOf(args.apply(4).eval(null)), schema);
         }
     }
 
@@ -335,25 +310,11 @@ public final class ProtobufFromBytes extends TidemarkExpression {
     }
 
     @Override
-    public Object eval(InternalRow row) {
-        Object input = child.eval(row);
-        if (input == null) {
-            return null;
-        }
-        try {
-            return decode((byte[]) input);
-        } catch (Refused refused) {
-            Object[] values = new Object[schema.fields().length];
-            values[values.length - 1] = UTF8String.fromString(refused.getMessage());
-            return new GenericInternalRow(values);
-        }
-    }
-
-    private InternalRow decode(byte[] value) throws Refused {
+    InternalRow decode(byte[] value) throws Refused {
         if (value.length < 6 || value[0] != 0) {
             throw new Refused("not Confluent-framed Protobuf: no magic byte 0, 4-byte schema id and message indexes");
         }
-        int id = ((value[1] & 0xFF) << 24) | ((value[2] & 0xFF) << 16) | ((value[3] & 0xFF) << 8) | (value[4] & 0xFF);
+        int id = schemaId(value);
         Writer writer = decoders().get(id);
         if (writer == null) {
             throw new Refused("unknown schema id " + Integer.toUnsignedString(id) + " (not a version of subject "
@@ -640,21 +601,6 @@ public final class ProtobufFromBytes extends TidemarkExpression {
             return (double) number;
         }
         return value;
-    }
-
-    @Override
-    public Seq<Expression> children() {
-        return seq(child);
-    }
-
-    @Override
-    public DataType dataType() {
-        return schema;
-    }
-
-    @Override
-    public boolean nullable() {
-        return true;
     }
 
     @Override
