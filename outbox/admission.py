@@ -235,7 +235,7 @@ class Admission:
         events = []
         for e, topic in zip(txn.events, topics, strict=True):
             try:
-                events.append(replace(e, payload=self.encoder.encode(topic, e.payload, serialized=e.serialized)))
+                events.append(e.encoded(self.encoder.encode(topic, e.payload, serialized=e.serialized)))
             except InvalidPayload as why:
                 self._refuse(txn, f"event {e.id.decode()}: {why}", self.config.on_invalid_payload,
                              InvalidPayloadError, "register a schema version the payload matches and restart",

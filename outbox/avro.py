@@ -21,9 +21,13 @@ aborted and the slot sends everything unconfirmed again when it is run again).
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
+
+import fastavro
+from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from connectors.registry import client_config, refusal, registry_url, unreachable
 from outbox.payloads import InvalidPayload, check_framed, record_of
@@ -49,7 +53,6 @@ class AvroEncoder:
         ``auto_register``), else the subject's newest version."""
         found = self._writers.get(topic)
         if found is None:
-            import fastavro
             from confluent_kafka.schema_registry import Schema
 
             subject = f"{topic}-value"
@@ -72,8 +75,6 @@ class AvroEncoder:
             return None
         if serialized:
             return check_framed(payload, 5)
-        from confluent_kafka.schema_registry.error import SchemaRegistryError
-
         record = record_of(payload)
         try:
             head, schema = self._writer(topic)
@@ -103,15 +104,12 @@ class AvroEncoder:
 def _written(topic: str, schema: Any, record: Any) -> bytes:
     """``record`` as an Avro body (fastavro, as confluent-kafka's serializer writes it), or why not:
     fastavro's validation names the field when its writer's refusal does not."""
-    import io
-
-    import fastavro
-    from fastavro.validation import ValidationError, validate
-
     body = io.BytesIO()
     try:
         fastavro.schemaless_writer(body, schema, record)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        from fastavro.validation import ValidationError, validate
+
         try:
             validate(record, schema, raise_errors=True)
             why = str(exc)
@@ -123,8 +121,6 @@ def _written(topic: str, schema: Any, record: Any) -> bytes:
 
 def _schema_text(topic: str, path: Path) -> str:
     """A ``relay.schemas`` file's schema, checked to be Avro before anything is relayed."""
-    import fastavro
-
     try:
         text = Path(path).read_text(encoding="utf-8")
         fastavro.parse_schema(json.loads(text))

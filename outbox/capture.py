@@ -79,6 +79,11 @@ class OutboxEvent:
     def size(self) -> int:
         return len(self.id) + len(self.aggregatetype) + len(self.aggregateid) + len(self.type) + len(self.payload or b"")
 
+    def encoded(self, value: bytes | None) -> OutboxEvent:
+        """This event with its payload as its topic's value (``relay.format``). Built directly:
+        ``dataclasses.replace`` took 3 µs an event, a tenth of the relay's whole cost of one."""
+        return OutboxEvent(self.id, self.aggregatetype, self.aggregateid, self.type, value, self.serialized)
+
 
 @dataclass(frozen=True)
 class SourceTransaction:

@@ -22,6 +22,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from google.protobuf import json_format
+
 from connectors.protobuf_schemas import compile_schema, frame, indexes, message
 from connectors.registry import Registry
 from outbox.payloads import InvalidPayload, check_framed, record_of
@@ -72,8 +74,6 @@ class ProtobufEncoder:
             return None
         if serialized:
             return check_framed(payload, 6)
-        from google.protobuf import json_format
-
         target = self._target(topic)
         record = record_of(payload)
         body = None
