@@ -46,6 +46,7 @@ def _grouped(title: str, groups: list[str], series: dict[str, list[float]], unit
     ax.set_xticks(range(len(groups)), groups)
     ax.set_ylabel(unit)
     ax.set_title(title)
+    ax.margins(y=0.3)  # headroom above the bars for the legend
     ax.legend(fontsize=8)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     return fig
