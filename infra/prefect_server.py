@@ -9,6 +9,7 @@ lives under the stack's home, so runs stay visible across restarts.
 from __future__ import annotations
 
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -70,16 +71,26 @@ class EmbeddedPrefect:
         return f"{self.ui_url} (UI), API {self.api_url}" if self.running() else "stopped"
 
 
-def check_api(url: str, *, named_by: str = "PREFECT_API_URL", timeout: float = 3.0) -> None:
-    """One line, within seconds, when the Prefect API a command is pointed at does not answer."""
+def check_api(url: str, *, named_by: str = "PREFECT_API_URL", timeout: float = 3.0, patience: float = 20.0) -> None:
+    """One line, within seconds, when the Prefect API a command is pointed at does not answer.
+
+    A refused connection or an error answer is that line at once; a health check that times out
+    is asked again for up to ``patience`` seconds first: a server busy on a loaded machine (CI's
+    side-by-side stages) answered after more than 3 s and a command had stopped with exit 75."""
     from tidemark.errors import ServiceUnavailableError
 
-    try:
-        with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout) as resp:
-            if resp.status == 200:
-                return
-            problem = f"answered {resp.status}"
-    except OSError as exc:  # URLError, a refused connection, a timeout
-        problem = str(getattr(exc, "reason", exc))
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout) as resp:
+                if resp.status == 200:
+                    return
+                problem = f"answered {resp.status}"
+                break
+        except OSError as exc:  # URLError, a refused connection, a timeout
+            reason = getattr(exc, "reason", exc)
+            problem = str(reason)
+            if not isinstance(reason, TimeoutError) or time.monotonic() + timeout > deadline:
+                break
     raise ServiceUnavailableError(f"the Prefect API at {url} ({named_by}) does not answer ({problem}): is the "
                                   "server up, and is that its address?")
