@@ -28,16 +28,15 @@ from typing import TYPE_CHECKING, Any
 
 from connectors.registry import Registry
 from offsets.ledger import Schemas
-from pipelines.subjects import schema_text
+from pipelines.subjects import framed_decode, schema_text
 from tidemark.errors import ConfigError
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, SparkSession
+    from pyspark.sql.types import StructType
 
 #: The reader schema's own field (``from_avro``): true after a decode, null when the body did not decode.
 DECODED = "_tidemark_decoded"
-#: ``tidemark_from_avro``'s last field: why the value did not decode (null when it did).
-DECODE_ERROR = "_tidemark_error"
 
 
 def reader_with_marker(reader: str) -> str:
@@ -93,19 +92,24 @@ def decode_columns(spark: SparkSession, registry: Registry, schemas: Schemas) ->
     return parsed, error, fields
 
 
-def _direct_columns(spark: SparkSession, reader: str, writers: dict[int, str], subject: str) -> tuple[Column, Column]:
+def reader_columns(spark: SparkSession, reader: str) -> StructType:
+    """The columns ``from_avro`` makes of a reader schema (analysed, no job run): both decoders'
+    rows, and what the quality suite's type check wants."""
     from pyspark.sql import functions as F
     from pyspark.sql.avro.functions import from_avro
-    from pyspark.sql.types import StringType, StructField, StructType
+    from pyspark.sql.types import StructType
 
-    # The columns from_avro makes of the reader (analysed, no job run): both decoders give the same table.
     typed = spark.range(0).select(from_avro(F.lit(None).cast("binary"), reader).alias("p")).schema["p"].dataType
-    assert isinstance(typed, StructType)  # a record reads as a struct
-    result = StructType([*typed.fields, StructField(DECODE_ERROR, StringType())])
-    texts = F.create_map(*(c for writer, text in writers.items() for c in (F.lit(writer), F.lit(text))))
-    parsed = F.call_function("tidemark_from_avro", F.col("value"), texts, F.lit(reader), F.lit(subject),
-                             F.lit(result.json()))
-    return parsed, F.when(F.col("value").isNull(), F.lit("tombstone: null value")).otherwise(parsed[DECODE_ERROR])
+    if not isinstance(typed, StructType):
+        raise ConfigError(f"format avro needs record schemas (a table's columns are a record's fields); the reader "
+                          f"schema is {reader[:80]}")
+    return typed
+
+
+def _direct_columns(spark: SparkSession, reader: str, writers: dict[int, str], subject: str) -> tuple[Column, Column]:
+    from pyspark.sql import functions as F
+
+    return framed_decode("tidemark_from_avro", reader_columns(spark, reader), writers, F.lit(reader), F.lit(subject))
 
 
 def _from_avro_columns(reader: str, writers: dict[int, str], subject: str, framed: Column,

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from connectors.protobuf_schemas import compile_schema, message
 from connectors.registry import Registry
 from offsets.ledger import Schemas
-from pipelines.subjects import schema_text
+from pipelines.subjects import framed_decode, schema_text
 from tidemark.config import PipelineConfig
 from tidemark.errors import ConfigError
 
@@ -35,9 +35,6 @@ if TYPE_CHECKING:
     from google.protobuf.descriptor import Descriptor, FieldDescriptor
     from pyspark.sql import Column
     from pyspark.sql.types import DataType, StructType
-
-#: The decoded struct's last field: why the value did not decode (null when it did).
-ERROR = "_tidemark_error"
 
 #: Nested messages deeper than this stop with a clear line (a recursive message has no end).
 MAX_DEPTH = 32
@@ -104,7 +101,6 @@ def decode_columns(registry: Registry, schemas: Schemas, pipeline: PipelineConfi
     """``(parsed, error, fields)``: the decoded struct, the quarantine reason (null if good), and the
     reader message's field names (the payload's columns)."""
     from pyspark.sql import functions as F
-    from pyspark.sql.types import StringType, StructField, StructType
 
     reader = reader_message(registry, schemas, pipeline)
     payload = columns(reader)
@@ -112,10 +108,7 @@ def decode_columns(registry: Registry, schemas: Schemas, pipeline: PipelineConfi
     if clash:
         raise ConfigError(f"message {reader.full_name}'s field(s) {', '.join(clash)} start with `_tidemark_`, which "
                           "Tidemark keeps for its own columns")
-    schema = StructType([*payload.fields, StructField(ERROR, StringType())])
-    writers = F.create_map(*(c for writer in schemas.writers
-                             for c in (F.lit(writer), F.lit(bytearray(compiled(registry, writer, schemas.subject))))))
-    parsed = F.call_function("tidemark_from_protobuf", F.col("value"), writers, F.lit(reader.full_name),
-                             F.lit(schemas.reader), F.lit(schemas.subject), F.lit(schema.json()))
-    error = F.when(F.col("value").isNull(), F.lit("tombstone: null value")).otherwise(parsed[ERROR])
+    writers = {w: bytearray(compiled(registry, w, schemas.subject)) for w in schemas.writers}
+    parsed, error = framed_decode("tidemark_from_protobuf", payload, writers, F.lit(reader.full_name),
+                                  F.lit(schemas.reader), F.lit(schemas.subject))
     return parsed, error, [f.name for f in payload.fields]

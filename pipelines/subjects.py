@@ -9,10 +9,21 @@ the same ids, and an id never changes what it names in a registry.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
 from connectors.registry import Registry
 from offsets.ledger import Schemas
 from tidemark.config import PipelineConfig
 from tidemark.errors import ConfigError, RegistryUnavailableError
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column
+    from pyspark.sql.types import StructType
+
+#: The last field of a JVM decoder's struct (``tidemark_from_avro``, ``tidemark_from_protobuf``):
+#: why the value did not decode, null when it did.
+DECODE_ERROR = "_tidemark_error"
 
 
 def plan(registry: Registry, pipeline: PipelineConfig) -> Schemas:
@@ -32,3 +43,18 @@ def schema_text(registry: Registry, schema_id: int, subject: str) -> str:
         raise RegistryUnavailableError(f"schema id {schema_id} of subject {subject!r} is no longer in the registry "
                                        f"at {registry.url}; restore it (a batch planned with it must decode with it)")
     return found
+
+
+def framed_decode(function: str, payload: StructType, writers: Mapping[int, object],
+                  *constants: Column) -> tuple[Column, Column]:
+    """A JVM decoder of Confluent-framed values over the Kafka value, called as
+    ``function(value, writers, *constants, schema)``: its struct (``payload``'s columns, then
+    :data:`DECODE_ERROR`) and the record's quarantine reason (a tombstone's, or the decoder's)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType, StructField
+    from pyspark.sql.types import StructType as Struct
+
+    result = Struct([*payload.fields, StructField(DECODE_ERROR, StringType())])
+    by_id = F.create_map(*(c for schema_id, writer in writers.items() for c in (F.lit(schema_id), F.lit(writer))))
+    parsed = F.call_function(function, F.col("value"), by_id, *constants, F.lit(result.json()))
+    return parsed, F.when(F.col("value").isNull(), F.lit("tombstone: null value")).otherwise(parsed[DECODE_ERROR])

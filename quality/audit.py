@@ -132,11 +132,9 @@ def expected_payload(spark: SparkSession, pipeline: PipelineConfig, reader: str 
         return None
     if pipeline.format == "protobuf":
         return protobuf_columns(pipeline, reader)
-    from pyspark.sql import functions as F
-    from pyspark.sql.avro.functions import from_avro
+    from pipelines.avro import reader_columns
 
-    decoded = spark.range(0).select(from_avro(F.lit(None).cast("binary"), reader).alias("p")).schema["p"].dataType
-    return decoded if isinstance(decoded, StructType) else None
+    return reader_columns(spark, reader)
 
 
 def registry_of(config: TidemarkConfig, pipeline: PipelineConfig) -> Registry | None:

@@ -363,13 +363,13 @@ def test_avro_direct_decode_gives_from_avros_rows_and_reasons(spark) -> None:  #
     from pyspark.sql import functions as F
 
     from pipelines.avro import (
-        DECODE_ERROR,
         DECODED,
         _direct_columns,
         _from_avro_columns,
         direct,
         reader_with_marker,
     )
+    from pipelines.subjects import DECODE_ERROR
     from tests.avro_helpers import framed
 
     line = {"type": "record", "name": "Line", "fields": [{"name": "sku", "type": "string"},
@@ -465,7 +465,8 @@ def test_protobuf_wire_decode_gives_what_protobuf_itself_parses(spark) -> None: 
     from pyspark.sql.types import StringType, StructField, StructType
 
     from connectors.protobuf_schemas import compile_schema, frame, message
-    from pipelines.protobuf import ERROR, columns
+    from pipelines.protobuf import columns
+    from pipelines.subjects import DECODE_ERROR as ERROR
 
     writer_set, reader_set = compile_schema(_PROTO_WRITER, "w"), compile_schema(_PROTO_READER, "r")
     Writer = message_factory.GetMessageClass(message(writer_set, "t.Rec", "w"))
