@@ -12,7 +12,6 @@ from __future__ import annotations
 import io
 import json
 import struct
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +19,13 @@ import fastavro
 import pytest
 
 from outbox import headers as H
-from outbox.relay import CRASH_POINTS
 from outbox.schema import add_event
 from tests.avro_helpers import framed, register
 from tests.relay_harness import (
     AGGREGATES,
     RelaySetup,
-    Writers,
     assert_invalid_payload_stops_then_dead_letters,
-    assert_relayed_exactly_once,
+    assert_killed_relay_in_format_is_exactly_once_and_ingested,
     header,
 )
 
@@ -60,27 +57,7 @@ def _register_all(setup: RelaySetup, url: str) -> dict[int, dict[str, Any]]:
 def test_sigkill_under_avro_loses_and_duplicates_nothing_and_ingest_reads_it(  # type: ignore[no-untyped-def]
         setup: RelaySetup, schema_registry: str, spark, table_root: str) -> None:
     ids = _register_all(setup, schema_registry)
-    writers = Writers(setup, threads=2, late_rate=0.3, rollback_rate=0.2, pause=0.02, seed=11).start()
-    time.sleep(1.0)
-    for point in (CRASH_POINTS[len(CRASH_POINTS) // 2], CRASH_POINTS[-1]):
-        code = setup.run(crash_at=point)
-        assert code == -9, f"relay was not killed at {point} (exit {code}):\n{setup.log_tail()}"
-    writers.stop()
-    setup.drain()
-    counts = assert_relayed_exactly_once(setup, writers.committed, writers.rolled_back, decode=_decoder(ids))
-    assert counts["transactions"] > 0 and setup.outbox_rows() == 0
-
-    # What the relay wrote, read by Tidemark's Avro ingest: one row per event, its payload decoded.
-    from pipelines.ingest import IngestJob
-    from tidemark.config import parse_config
-
-    topic = f"{setup.prefix}.order"
-    config = parse_config({"pipelines": [{"name": "orders", "topics": [topic], "target": f"{table_root}/orders",
-                                          "format": "avro"}]})
-    report = IngestJob(spark, config, config.pipelines[0], setup.bootstrap).run_bounded()
-    expected = {(e[1], e[2]) for t in writers.committed for e in t.events if e[3] == "order"}
-    rows = {(r.key, r.seq) for r in spark.read.format("delta").load(f"{table_root}/orders").collect()}
-    assert report.quarantined == 0 and rows == expected
+    assert_killed_relay_in_format_is_exactly_once_and_ingested(setup, spark, table_root, _decoder(ids), seed=11)
 
 
 def test_a_payload_that_does_not_match_stops_the_relay_or_goes_to_the_dead_letters(  # type: ignore[no-untyped-def]
