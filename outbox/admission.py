@@ -225,20 +225,20 @@ class Admission:
             f"(relay.{setting}: dead_letter does that by itself)")
 
     def _encoded(self, txn: SourceTransaction, topics: list[str]) -> SourceTransaction | None:
-        """``relay.format: avro``/``protobuf``: ``txn`` with each payload as its topic's value, or None if an
+        """``relay.format: avro``/``protobuf``: ``txn`` with each payload's value as its topic's, or None if an
         event's payload does not match its schema and the transaction went to the dead letters
         (``on_invalid_payload: dead_letter``); raises :class:`InvalidPayloadError` to stop the relay.
         All of it is encoded before anything of it is produced: never half a transaction."""
-        from dataclasses import replace
-
         assert self.encoder is not None
-        events = []
+        encode = self.encoder.encode
+        values = []
         for e, topic in zip(txn.events, topics, strict=True):
             try:
-                events.append(e.encoded(self.encoder.encode(topic, e.payload, serialized=e.serialized)))
+                values.append(encode(topic, e.payload, serialized=e.serialized))
             except InvalidPayload as why:
                 self._refuse(txn, f"event {e.id.decode()}: {why}", self.config.on_invalid_payload,
                              InvalidPayloadError, "register a schema version the payload matches and restart",
                              "on_invalid_payload")
                 return None
-        return replace(txn, events=tuple(events))
+        return SourceTransaction(txn.xid, txn.commit_lsn, txn.end_lsn, txn.commit_time, txn.events, txn.size,
+                                 tuple(values))

@@ -2,7 +2,8 @@
 
 Each topic's values are serialized with the newest version of its subject (``<topic>-value``,
 Confluent's TopicNameStrategy) in the schema registry, or with the schema file
-``relay.schemas`` names for the topic, written by fastavro and framed (magic byte 0, the
+``relay.schemas`` names for the topic, written by a writer compiled for the schema
+(``outbox.avro_writer``, fastavro's bytes in half its time) or by fastavro, and framed (magic byte 0, the
 schema's id, the body) as confluent-kafka's ``AvroSerializer`` frames them, for every
 Confluent deserializer and Tidemark's ``format: avro`` ingest. Schemas are registered ahead:
 a JSON payload names no schema, so only a file's schema can be registered from here, and
@@ -28,8 +29,10 @@ from typing import Any
 
 import fastavro
 from confluent_kafka.schema_registry.error import SchemaRegistryError
+from fastavro.validation import ValidationError, validate
 
 from connectors.registry import client_config, refusal, registry_url, unreachable
+from outbox.avro_writer import Writer, compile_writer
 from outbox.payloads import InvalidPayload, check_framed, record_of
 from tidemark.config import RelayConfig, SchemaRegistryConfig
 from tidemark.errors import ConfigError
@@ -42,13 +45,14 @@ class AvroEncoder:
 
         self.url = registry_url(config, settings)
         self._client = SchemaRegistryClient(client_config(config, self.url))
-        self._writers: dict[str, tuple[bytes, Any]] = {}
-        """Per topic: the frame's head (magic byte, schema id) and fastavro's parsed schema."""
+        self._writers: dict[str, tuple[bytes, Any, Writer | None]] = {}
+        """Per topic: the frame's head (magic byte, schema id), fastavro's parsed schema, and the
+        schema's compiled writer (``outbox.avro_writer``; None where it covers not all of it)."""
         self._files = dict(relay.schemas) if relay is not None else {}
         self._auto_register = relay.auto_register if relay is not None else False
         self._schema_texts = {topic: _schema_text(topic, path) for topic, path in self._files.items()}
 
-    def _writer(self, topic: str) -> tuple[bytes, Any]:
+    def _writer(self, topic: str) -> tuple[bytes, Any, Writer | None]:
         """The topic's schema, looked up once: its file's (registered, or registered now with
         ``auto_register``), else the subject's newest version."""
         found = self._writers.get(topic)
@@ -64,7 +68,8 @@ class AvroEncoder:
                 schema_id = int(self._client.register_schema(subject, Schema(text, "AVRO")))
             else:
                 schema_id = int(self._client.lookup_schema(subject, Schema(text, "AVRO")).schema_id or 0)
-            found = (b"\x00" + schema_id.to_bytes(4, "big"), fastavro.parse_schema(json.loads(text)))
+            parsed = json.loads(text)
+            found = (b"\x00" + schema_id.to_bytes(4, "big"), fastavro.parse_schema(parsed), compile_writer(parsed))
             self._writers[topic] = found
         return found
 
@@ -77,11 +82,16 @@ class AvroEncoder:
             return check_framed(payload, 5)
         record = record_of(payload)
         try:
-            head, schema = self._writer(topic)
+            head, schema, write = self._writer(topic)
         except SchemaRegistryError as exc:
             raise self._refused(topic, exc) from None
         except Exception as exc:  # noqa: BLE001 - httpx's and the OS's connection failures
             raise unreachable(self.url, exc, waits="run the relay again once it answers") from None
+        if write is not None:
+            try:
+                return head + write(record)
+            except Exception:  # noqa: BLE001 - whatever it does not take, validation judges
+                _validated(topic, schema, record)
         return head + _written(topic, schema, record)
 
     def _refused(self, topic: str, exc: Any) -> Exception:
@@ -107,16 +117,20 @@ def _written(topic: str, schema: Any, record: Any) -> bytes:
     body = io.BytesIO()
     try:
         fastavro.schemaless_writer(body, schema, record)
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        from fastavro.validation import ValidationError, validate
-
-        try:
-            validate(record, schema, raise_errors=True)
-            why = str(exc)
-        except ValidationError as named:
-            why = str(named)
-        raise InvalidPayload(f"the payload does not match the schema of {topic}-value: {why}") from None
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
+        _validated(topic, schema, record)
+        raise InvalidPayload(f"the payload does not match the schema of {topic}-value: {exc}") from None
     return body.getvalue()
+
+
+def _validated(topic: str, schema: Any, record: Any) -> None:
+    """Return if fastavro's validation takes ``record``; else :class:`InvalidPayload` naming the field.
+    Stricter than fastavro's writer, which writes an int past 32 bits into an ``int`` (bytes no
+    Avro reader takes) and anything into a ``null``."""
+    try:
+        validate(record, schema, raise_errors=True)
+    except ValidationError as named:
+        raise InvalidPayload(f"the payload does not match the schema of {topic}-value: {named}") from None
 
 
 def _schema_text(topic: str, path: Path) -> str:

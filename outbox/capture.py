@@ -79,11 +79,6 @@ class OutboxEvent:
     def size(self) -> int:
         return len(self.id) + len(self.aggregatetype) + len(self.aggregateid) + len(self.type) + len(self.payload or b"")
 
-    def encoded(self, value: bytes | None) -> OutboxEvent:
-        """This event with its payload as its topic's value (``relay.format``). Built directly:
-        ``dataclasses.replace`` took 3 µs an event, a tenth of the relay's whole cost of one."""
-        return OutboxEvent(self.id, self.aggregatetype, self.aggregateid, self.type, value, self.serialized)
-
 
 @dataclass(frozen=True)
 class SourceTransaction:
@@ -95,6 +90,10 @@ class SourceTransaction:
     events: tuple[OutboxEvent, ...]
     size: int = 0
     """Bytes of its events (ids, types, keys, payloads)."""
+    values: tuple[bytes | None, ...] | None = None
+    """``relay.format: avro``/``protobuf``: each event's payload as its topic's value, set at step 4
+    (``outbox.admission``); None: the payloads go as they are. A tuple beside the events, not new
+    events: a frozen dataclass's construction cost 1 µs an event, a sixth of what encoding costs."""
 
 
 class Capture:

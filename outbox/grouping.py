@@ -159,8 +159,9 @@ class Staging:
         shared = [(H.TXID, str(txn.xid).encode()), (H.LSN, format_lsn(txn.commit_lsn).encode()),
                   (H.SIZE, str(len(txn.events)).encode()), (H.TOPIC_COUNTS, counted),
                   (H.SOURCE, H.source(self.config.id, txn.commit_lsn).encode())]
-        for i, (topic, e) in enumerate(zip(topics, txn.events, strict=True)):
-            yield topic, e.aggregateid, e.payload, [(H.EVENT_ID, e.id), (H.EVENT_TYPE, e.type), *shared,
+        values = txn.values or [e.payload for e in txn.events]
+        for i, (topic, e, value) in enumerate(zip(topics, txn.events, values, strict=True)):
+            yield topic, e.aggregateid, value, [(H.EVENT_ID, e.id), (H.EVENT_TYPE, e.type), *shared,
                                                     (H.POSITION, str(i).encode())]
 
     def _stage(self, producer: TransactionalProducer, group: Group, txn: SourceTransaction, topics: list[str]) -> None:

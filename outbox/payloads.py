@@ -8,7 +8,10 @@ value the application serialized itself: it passes unchanged, checked only to be
 
 from __future__ import annotations
 
+import json
 from typing import Any, Protocol
+
+import orjson
 
 
 class InvalidPayload(Exception):
@@ -33,10 +36,6 @@ def record_of(payload: bytes) -> Any:
     """A ``jsonb`` payload's JSON (always valid from PostgreSQL; checked for a payload from elsewhere).
     By orjson (a third of ``json``'s time per payload), else by ``json``, which also reads what
     orjson refuses (integers past 64 bits)."""
-    import json
-
-    import orjson
-
     try:
         return orjson.loads(payload)
     except orjson.JSONDecodeError:
