@@ -87,12 +87,7 @@ class AvroEncoder:
             raise self._refused(topic, exc) from None
         except Exception as exc:  # noqa: BLE001 - httpx's and the OS's connection failures
             raise unreachable(self.url, exc, waits="run the relay again once it answers") from None
-        if write is not None:
-            try:
-                return head + write(record)
-            except Exception:  # noqa: BLE001 - whatever it does not take, validation judges
-                _validated(topic, schema, record)
-        return head + _written(topic, schema, record)
+        return head + _body(topic, schema, write, record)
 
     def _refused(self, topic: str, exc: Any) -> Exception:
         subject = f"{topic}-value"
@@ -111,6 +106,17 @@ class AvroEncoder:
         return refusal(self.url, f"the relay's lookup of {subject!r}", exc, waits="run the relay again once it answers")
 
 
+def _body(topic: str, schema: Any, write: Writer | None, record: Any) -> bytes:
+    """``record``'s Avro body: by the compiled writer, else (what it does not take) by fastavro once
+    validation has taken the record."""
+    if write is not None:
+        try:
+            return write(record)
+        except Exception:  # noqa: BLE001 - whatever it does not take, validation judges
+            _validated(topic, schema, record)
+    return _written(topic, schema, record)
+
+
 def _written(topic: str, schema: Any, record: Any) -> bytes:
     """``record`` as an Avro body (fastavro, as confluent-kafka's serializer writes it), or why not:
     fastavro's validation names the field when its writer's refusal does not."""
@@ -126,11 +132,13 @@ def _written(topic: str, schema: Any, record: Any) -> bytes:
 def _validated(topic: str, schema: Any, record: Any) -> None:
     """Return if fastavro's validation takes ``record``; else :class:`InvalidPayload` naming the field.
     Stricter than fastavro's writer, which writes an int past 32 bits into an ``int`` (bytes no
-    Avro reader takes) and anything into a ``null``."""
+    Avro reader takes) and anything into a ``null``; too slow (15 µs a record) to ask first
+    where no compiled writer has refused the record."""
     try:
         validate(record, schema, raise_errors=True)
     except ValidationError as named:
-        raise InvalidPayload(f"the payload does not match the schema of {topic}-value: {named}") from None
+        why = "; ".join(map(str, getattr(named, "errors", ()))) or str(named)
+        raise InvalidPayload(f"the payload does not match the schema of {topic}-value: {why}") from None
 
 
 def _schema_text(topic: str, path: Path) -> str:

@@ -96,3 +96,22 @@ def test_a_schema_with_a_part_not_covered_gets_no_compiled_writer(part: Any) -> 
     assert compile_writer({"type": "record", "name": "T", "fields": [{"name": "f", "type": "int", "default": []}]}) \
         is None
     assert compile_writer({"type": "string"}) is None  # not a record
+
+
+def test_the_relays_encoding_refuses_what_validation_refuses_naming_the_field() -> None:
+    """``outbox.avro``: a record the compiled writer does not take is written by fastavro only if
+    validation takes it: an int past 32 bits is not written into an ``int`` (fastavro's writer
+    would); an int past a double's range is an invalid payload also where fastavro alone writes
+    (its writer raised an OverflowError); one validation takes is fastavro's bytes."""
+    from outbox.avro import _body
+    from outbox.payloads import InvalidPayload
+
+    parsed = fastavro.parse_schema(SCHEMA)
+    write = compile_writer(SCHEMA)
+    with pytest.raises(InvalidPayload, match=r"orders-value: shop\.Changed\.n is <1099511627776> .* expected int"):
+        _body("orders", parsed, write, _valid({"n": 2**40}))
+    for writer in (write, None):
+        with pytest.raises(InvalidPayload, match="orders-value"):
+            _body("orders", parsed, writer, _valid({"amount": 2**1100}))
+        odd = _valid({"ratio": 1e39})  # valid, and a float's overflow the compiled writer leaves to fastavro
+        assert _body("orders", parsed, writer, odd) == _fastavro(parsed, odd)
