@@ -5,9 +5,10 @@ Python's protobuf parses that: ``protoc`` (from grpcio-tools, which ships it and
 well-known types such as ``google/protobuf/timestamp.proto``) compiles it once into a
 ``FileDescriptorSet``, its imports first and the schema's own file last, which both the JVM
 decoder (``io.tidemark.spark.ProtobufFromBytes``) and Python's ``DescriptorPool`` build from.
-A schema's text never changes what it compiles to, so each is compiled once per process.
-Schema references (an import of another subject) are not followed: such a schema stops with
-a line that says so.
+Schema references (an import of another subject, Confluent's ``references``) are followed:
+the files they name are compiled beside the schema under the names it imports them by. A
+schema's text and its imports' never change what they compile to, so each is compiled once
+per process.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,10 +35,13 @@ _COMPILED: dict[str, bytes] = {}
 _LOCK = threading.Lock()
 
 
-def compile_schema(text: str, what: str) -> bytes:
+def compile_schema(text: str, what: str, imports: Mapping[str, str] | None = None) -> bytes:
     """``text`` (a ``.proto`` file) as a serialized ``FileDescriptorSet``, its imports first and
-    the schema last; ``what`` names the schema in an error (``schema id 7 of subject x``)."""
-    key = hashlib.sha256(text.encode()).hexdigest()
+    the schema last; ``imports``: the files its schema references name, by import name
+    (``connectors.registry.Registry.imports``); ``what`` names the schema in an error
+    (``schema id 7 of subject x``)."""
+    imports = dict(imports or {})
+    key = hashlib.sha256("\0".join([text, *(f"{n}\0{t}" for n, t in sorted(imports.items()))]).encode()).hexdigest()
     with _LOCK:
         kept = _COMPILED.get(key)
     if kept is not None:
@@ -48,6 +53,13 @@ def compile_schema(text: str, what: str) -> bytes:
                           "`format: avro` for this subject, or point the pipeline at a Protobuf subject")
     includes = Path(grpc_tools.__file__).parent / "_proto"
     with tempfile.TemporaryDirectory(prefix="tidemark-proto-") as tmp:
+        for name, imported in imports.items():
+            path = Path(tmp, name).resolve()
+            if not path.is_relative_to(Path(tmp).resolve()) or name == SCHEMA_FILE:
+                raise ConfigError(f"{what} imports {name!r} by a schema reference, a name Tidemark cannot place "
+                                  f"(outside the import root, or {SCHEMA_FILE!r}); rename the reference")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(imported, encoding="utf-8")
         Path(tmp, SCHEMA_FILE).write_text(text, encoding="utf-8")
         out = Path(tmp, "set.pb")
         proc = subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{tmp}", f"-I{includes}",
@@ -55,8 +67,8 @@ def compile_schema(text: str, what: str) -> bytes:
                               cwd=tmp, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             detail = " ".join(proc.stderr.split())[:400]
-            raise ConfigError(f"{what} does not compile as a .proto file ({detail}); imports of other subjects "
-                              "(schema references) are not followed, only the well-known google/protobuf types")
+            raise ConfigError(f"{what} does not compile as a .proto file ({detail}); it may import the well-known "
+                              "google/protobuf types and what its schema references name")
         compiled = out.read_bytes()
     with _LOCK:
         _COMPILED[key] = compiled

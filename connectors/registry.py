@@ -21,6 +21,8 @@ from tidemark.settings import Settings
 
 #: ``(registry url, schema id)`` → the schema's text, for the life of the process.
 _SCHEMAS: dict[tuple[str, int], str] = {}
+#: ``(registry url, schema id)`` → the files its schema imports by schema references, by import name.
+_IMPORTS: dict[tuple[str, int], dict[str, str]] = {}
 #: ``(registry url, subject, version)`` → its schema id (a version, once registered, keeps its id).
 _VERSIONS: dict[tuple[str, str, int], int] = {}
 _LOCK = threading.Lock()
@@ -131,3 +133,34 @@ class Registry:
         with _LOCK:
             _SCHEMAS[(self.url, schema_id)] = found.schema_str
         return str(found.schema_str)
+
+    def imports(self, schema_id: int) -> dict[str, str] | None:
+        """The schemas ``schema_id``'s schema references name (a Protobuf schema's imports of other
+        subjects), by the name it imports each under, and those they name in turn; None if the
+        registry does not know the id."""
+        with _LOCK:
+            kept = _IMPORTS.get((self.url, schema_id))
+        if kept is not None:
+            return kept
+        found = self._ask(f"schema id {schema_id}", lambda: self._client.get_schema(schema_id))
+        if found is None:
+            return None
+        files: dict[str, str] = {}
+        self._follow(found.references or [], files, f"schema id {schema_id}")
+        with _LOCK:
+            _IMPORTS[(self.url, schema_id)] = files
+        return files
+
+    def _follow(self, references: list[Any], files: dict[str, str], what: str) -> None:
+        for reference in references:
+            if reference.name in files:
+                continue
+            subject, version = str(reference.subject), int(reference.version)
+            registered = self._ask(f"version {version} of subject {subject!r}",
+                                   lambda s=subject, v=version: self._client.get_version(s, v))
+            if registered is None:
+                raise ConfigError(f"{what} imports {reference.name!r} as version {version} of subject {subject!r}, "
+                                  f"which the schema registry at {self.url} does not have; register it there, then "
+                                  "run again")
+            files[str(reference.name)] = str(registered.schema.schema_str)
+            self._follow(registered.schema.references or [], files, f"version {version} of subject {subject!r}")

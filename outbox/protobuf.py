@@ -62,7 +62,7 @@ class ProtobufEncoder:
             if text is None:
                 raise ConfigError(f"{what} vanished from the registry at {self._registry.url} while the relay read "
                                   "it; start the relay again")
-            descriptor = message(compile_schema(text, what), None, what)
+            descriptor = message(compile_schema(text, what, self._registry.imports(newest)), None, what)
             found = _Target(newest, indexes(descriptor), message_factory.GetMessageClass(descriptor))
             self._targets[topic] = found
         return found

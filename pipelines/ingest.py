@@ -130,7 +130,8 @@ class IngestJob:
                 intent = transactions.cut(self.client_config, self.pipeline, intent, bounds, last)
         self.held = intent.held
         if self.registry is not None:
-            intent = replace(intent, schemas=subjects.plan(self.registry, self.pipeline))
+            topics = (r.topic for r in intent.ranges)
+            intent = replace(intent, schemas=subjects.plan(self.registry, self.pipeline, topics))
             self._check_schemas(intent.schemas)
         if self.pipeline.dedup is not None:
             intent = replace(intent, dedup_version=table_version(self.spark, self.dedup_table))

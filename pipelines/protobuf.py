@@ -41,8 +41,10 @@ MAX_DEPTH = 32
 
 
 def compiled(registry: Registry, schema_id: int, subject: str) -> bytes:
-    """Schema ``schema_id``'s descriptors (``connectors.protobuf_schemas.compile_schema``)."""
-    return compile_schema(schema_text(registry, schema_id, subject), f"schema id {schema_id} of subject {subject!r}")
+    """Schema ``schema_id``'s descriptors (``connectors.protobuf_schemas.compile_schema``), with the
+    files its schema references name."""
+    text = schema_text(registry, schema_id, subject)
+    return compile_schema(text, f"schema id {schema_id} of subject {subject!r}", registry.imports(schema_id))
 
 
 def reader_message(registry: Registry, schemas: Schemas, pipeline: PipelineConfig) -> Descriptor:

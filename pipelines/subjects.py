@@ -1,15 +1,18 @@
 """The schemas a registry-decoded batch (``format: avro`` or ``protobuf``) is planned with.
 
-Step 2 fixes them in the batch's intent (``offsets.ledger.Schemas``): the subject's versions,
-read after the batch's LSO snapshot, are every schema a record of the batch can have been
-written with (a record's id that is not among them is not a version of the subject), and the
-newest is the reader schema the table's columns follow. A replay after a crash decodes with
-the same ids, and an id never changes what it names in a registry.
+Step 2 fixes them in the batch's intent (``offsets.ledger.Schemas``): the versions of the
+pipeline's subject and of its topics' own subjects (``<topic>-value``, the subjects producers
+and the relay write with under Confluent's TopicNameStrategy), read after the batch's LSO
+snapshot, are every schema a record of the batch can have been written with (a record's id
+that is not among them is not one of theirs), and the newest version of the pipeline's
+subject is the reader schema the table's columns follow. So one pipeline reads several topics
+whose producers each register under their topic's subject. A replay after a crash decodes
+with the same ids, and an id never changes what it names in a registry.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from connectors.registry import Registry
@@ -26,15 +29,19 @@ if TYPE_CHECKING:
 DECODE_ERROR = "_tidemark_error"
 
 
-def plan(registry: Registry, pipeline: PipelineConfig) -> Schemas:
-    """The schemas of a batch planned now (call it after the batch's LSO snapshot)."""
+def plan(registry: Registry, pipeline: PipelineConfig, topics: Iterable[str] = ()) -> Schemas:
+    """The schemas of a batch of ``topics`` planned now (call it after the batch's LSO snapshot):
+    the subject's version ids in order, then those of the topics' own subjects not among them."""
     subject = pipeline.registry_subject
     versions = registry.versions(subject)
     if not versions:
         raise ConfigError(f"pipeline {pipeline.name!r}: subject {subject!r} has no versions in the schema registry "
                           f"at {registry.url}: register the topic's schema there, or set `subject` to the one its "
                           "producers use. Nothing was read")
-    return Schemas(subject, tuple(v.schema_id for v in versions), versions[-1].schema_id)
+    writers = [v.schema_id for v in versions]
+    for own in sorted({f"{topic}-value" for topic in topics} - {subject}):
+        writers += sorted({v.schema_id for v in registry.versions(own)} - set(writers))
+    return Schemas(subject, tuple(writers), versions[-1].schema_id)
 
 
 def schema_text(registry: Registry, schema_id: int, subject: str) -> str:

@@ -314,8 +314,10 @@ class PipelineConfig(BaseModel):
     Protobuf, parsed with each record's writer schema and read into the newest version's
     message by field number (``pipelines.protobuf``)."""
     subject: str | None = None
-    """``avro``, ``protobuf``: the registry subject whose versions the records are written with
-    (default ``<topic>-value``, Confluent's TopicNameStrategy, for a pipeline of one topic)."""
+    """``avro``, ``protobuf``: the registry subject whose newest version the table's columns follow
+    (default ``<topic>-value``, Confluent's TopicNameStrategy, for a pipeline of one topic). Records
+    may be written with any version of it or of their own topic's ``<topic>-value``, so a pipeline
+    of several topics names the subject its table follows here."""
     message: str | None = None
     """``protobuf``: the full name of the message the table's columns follow (e.g.
     ``shop.Order``); default the first message of the subject's newest version."""

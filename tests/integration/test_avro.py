@@ -240,3 +240,36 @@ def _exists(spark, path: str) -> bool:  # type: ignore[no-untyped-def]
     from offsets.tables import delta_table_exists
 
     return delta_table_exists(spark, path)
+
+
+def test_a_pipeline_of_several_topics_reads_each_topics_own_subject_into_its_subject(  # type: ignore[no-untyped-def]
+        spark, kafka_bootstrap: str, topic_factory, table_root: str, schema_registry: str) -> None:
+    """Producers register under their topic's subject (TopicNameStrategy, as the relay does); the
+    pipeline's `subject` names the schema its table follows. A record written with a version of
+    neither subject is quarantined as an unknown id."""
+    first, second = topic_factory("avro-a"), topic_factory("avro-b")
+    reader = f"shop-{uuid.uuid4().hex[:8]}-value"
+    v1 = register(schema_registry, f"{first}-value", V1)
+    v2 = register(schema_registry, f"{second}-value", V2)
+    register(schema_registry, reader, V1)
+    newest = register(schema_registry, reader, V2)
+    elsewhere = register(schema_registry, f"elsewhere-{uuid.uuid4().hex[:8]}-value",
+                         {"type": "record", "name": "Other", "fields": [{"name": "x", "type": "double"}]})
+    _produce(kafka_bootstrap, first, [framed(v1, V1, {"id": i, "note": "a"}) for i in range(3)]
+             + [framed(elsewhere, {"type": "record", "name": "Other", "fields": [{"name": "x", "type": "double"}]},
+                       {"x": 1.5})])
+    _produce(kafka_bootstrap, second, [framed(v2, V2, {"id": 10 + i, "note": None, "channel": "app"})
+                                       for i in range(2)])
+    target = f"{table_root}/shop"
+    config = parse_config({"pipelines": [{"name": "shop", "topics": [first, second], "subject": reader,
+                                          "target": target, "format": "avro"}]})
+    report = IngestJob(spark, config, config.pipelines[0], kafka_bootstrap).run_bounded()
+    assert (report.rows, report.quarantined) == (5, 1)
+    rows = {r.id: (r.note, r.channel) for r in spark.read.format("delta").load(target).collect()}
+    assert rows == {0: ("a", "web"), 1: ("a", "web"), 2: ("a", "web"), 10: (None, "app"), 11: (None, "app")}
+    (reason,) = [r.error for r in spark.read.format("delta").load(f"{target}_quarantine").collect()]
+    assert f"unknown schema id {elsewhere}" in reason
+    last = Ledger(spark, f"{target}_tidemark_ledger", "shop").last()
+    assert last is not None and last.schemas is not None
+    assert last.schemas.reader == newest and {v1, v2} <= set(last.schemas.writers)
+    assert elsewhere not in last.schemas.writers

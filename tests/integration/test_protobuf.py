@@ -153,3 +153,34 @@ def test_an_avro_subject_under_format_protobuf_stops_with_a_clear_line(  # type:
     with pytest.raises(ConfigError, match="is not a Protobuf schema"):
         _ingest(spark, kafka_bootstrap, topic, target)
     assert Ledger(spark, f"{target}_tidemark_ledger", "orders").last() is None
+
+
+COMMON = 'syntax = "proto3";\npackage shop.common;\nmessage Money { double amount = 1; string currency = 2; }\n'
+WITH_REFERENCE = ('syntax = "proto3";\npackage shop;\nimport "shop/common.proto";\n'
+                  "message Order { int64 id = 1; shop.common.Money total = 2; }\n")
+
+
+def test_a_schema_importing_another_subject_by_reference_is_read_and_relayed(  # type: ignore[no-untyped-def]
+        spark, kafka_bootstrap: str, topic_factory, table_root: str, schema_registry: str) -> None:
+    """Confluent's schema references: the imported subject's schema is compiled beside the schema,
+    in the ingest (the writer's and the reader's) and in the relay's encoder."""
+    from outbox.protobuf import ProtobufEncoder
+    from tidemark.config import SchemaRegistryConfig
+    from tidemark.settings import settings
+
+    topic = topic_factory("protobuf-refs")
+    common = f"{topic}-common"
+    register(schema_registry, common, COMMON)
+    schema_id = register(schema_registry, f"{topic}-value", WITH_REFERENCE, {"shop/common.proto": (common, 1)})
+    written = framed(schema_id, WITH_REFERENCE, {"id": 1, "total": {"amount": 2.5, "currency": "EUR"}},
+                     imports={"shop/common.proto": COMMON})
+    relayed = ProtobufEncoder(SchemaRegistryConfig(url=schema_registry), settings()).encode(
+        topic, b'{"id": 2, "total": {"amount": 7, "currency": "USD"}}')
+    assert relayed is not None and relayed[1:5] == schema_id.to_bytes(4, "big")
+    _produce(kafka_bootstrap, topic, [written, relayed])
+    target = f"{table_root}/orders-refs"
+    report = _ingest(spark, kafka_bootstrap, topic, target)
+    assert (report.rows, report.quarantined) == (2, 0)
+    table = spark.read.format("delta").load(target)
+    assert _columns(table) == {"id": "bigint", "total": "struct<amount:double,currency:string>"}
+    assert {r.id: (r.total.amount, r.total.currency) for r in table.collect()} == {1: (2.5, "EUR"), 2: (7.0, "USD")}
