@@ -124,3 +124,17 @@ def test_demo_passes_and_leaves_no_process(cli_env: dict[str, str]) -> None:
     assert "exactly-once held" in result.stdout and "Data Docs: file://" in result.stdout
     assert "the Delta table holds exactly the committed events" in result.stdout
     assert _wait_gone(Path(cli_env["TIDEMARK_HOME"])) == []
+
+
+@pytest.mark.slow
+def test_the_demo_through_the_schema_registry_passes_and_leaves_no_process(cli_env: dict[str, str]) -> None:
+    """``tidemark demo --format avro``: the relay serializes through each topic's subject, the one
+    pipeline over three topics reads them into its own; the same checks, and every value framed."""
+    env = {**cli_env, "TIDEMARK_REGISTRY__PORT": str(free_port_block(2, start=23081))}
+    result = tidemark(env, "demo", "--format", "avro", "--duration", "10", timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    verdicts = [line.split()[0] for line in result.stdout.splitlines() if line.startswith(("  PASS  ", "  FAIL  "))]
+    assert verdicts == ["PASS"] * 10, result.stdout
+    assert "every value in Kafka is avro by a registered schema" in result.stdout
+    assert "Traceback" not in result.stderr
+    assert _wait_gone(Path(cli_env["TIDEMARK_HOME"])) == []
