@@ -8,10 +8,16 @@ app's record of what it committed, the topics read read_committed, the Delta tab
 
 Ingest runs are flow calls in this process, so they share one SparkSession and cost a
 second or two each; under ``tidemark serve`` each run is its own process instead.
+
+With ``value_format`` ``avro`` or ``protobuf`` the values go through the stack's schema
+registry: the relay serializes each topic's payloads with its subject (``<topic>-value``,
+registered here first), and the one pipeline over the three topics decodes each record with
+its writer's schema into the subject its table follows (``demo.<run>.shop-value``).
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -29,6 +35,19 @@ from tidemark.settings import Settings
 from tidemark.storage import tables_root
 
 SCHEMA = "order_id BIGINT, amount DOUBLE, carrier STRING"
+#: :data:`SCHEMA` as the registry formats write it (a field an event lacks is null).
+AVRO_SCHEMA = {"type": "record", "name": "ShopEvent", "namespace": "tidemark.demo", "fields": [
+    {"name": "order_id", "type": "long"}, {"name": "amount", "type": ["null", "double"], "default": None},
+    {"name": "carrier", "type": ["null", "string"], "default": None}]}
+PROTOBUF_SCHEMA = """syntax = "proto3";
+package tidemark.demo;
+message ShopEvent {
+  int64 order_id = 1;
+  optional double amount = 2;
+  optional string carrier = 3;
+}
+"""
+KINDS = ("order", "payment", "shipment")
 
 
 @dataclass(frozen=True)
@@ -38,10 +57,14 @@ class Summary:
     docs: str
 
 
-def _write_config(settings: Settings, endpoints: Endpoints, run: str) -> Path:
+def _write_config(settings: Settings, endpoints: Endpoints, run: str, value_format: str) -> Path:
     root = settings.home_dir / "demo" / run
     root.mkdir(parents=True, exist_ok=True)
     path = root / "tidemark.yaml"
+    relay: dict[str, Any] = {}
+    pipeline: dict[str, Any] = {"schema": SCHEMA}
+    if value_format != "json":  # the embedded registry: no `schema_registry.url` needed
+        relay, pipeline = {"format": value_format}, {"format": value_format, "subject": f"demo.{run}.shop-value"}
     path.write_text(yaml.safe_dump({
         "kafka": {"bootstrap_servers": endpoints.kafka_bootstrap,
                   # The secured embedded cluster's admin, by file names: no secret in the config.
@@ -49,13 +72,28 @@ def _write_config(settings: Settings, endpoints: Endpoints, run: str) -> Path:
                                                                   exclude_defaults=True)},
         "postgres": {"dsn": endpoints.postgres_dsn},
         "relay": {"id": f"demo-{run}", "table": f"public.demo_outbox_{run}", "topic": f"demo.{run}.{{aggregatetype}}",
-                  "offsets_topic": f"demo.{run}.relay-offsets", "ack_every": 20},
-        "pipelines": [{"name": "shop", "topic_pattern": rf"demo\.{run}\.(order|payment|shipment)",
-                       "target": f"{tables_root(settings, 'demo', run)}/events", "schema": SCHEMA, "dedup": {},
+                  "offsets_topic": f"demo.{run}.relay-offsets", "ack_every": 20, **relay},
+        "pipelines": [{"name": "shop", "topic_pattern": rf"demo\.{run}\.({'|'.join(KINDS)})",
+                       "target": f"{tables_root(settings, 'demo', run)}/events", **pipeline, "dedup": {},
                        "lineage": ["topic", "partition", "offset", "timestamp", "key", "batch_id"],
                        "schedule": {"retries": 2, "retry_delay_seconds": 2}}],
     }, sort_keys=False))
     return path
+
+
+def _register(config: Any, run: str) -> set[int]:
+    """The demo's schema under each topic's subject (the relay's) and the pipeline's; the ids."""
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+    from connectors.registry import client_config, registry_url
+    from tidemark.settings import settings
+
+    url = registry_url(config.schema_registry, settings())
+    client = SchemaRegistryClient(client_config(config.schema_registry, url))
+    schema = (Schema(json.dumps(AVRO_SCHEMA), "AVRO") if config.relay.format == "avro"
+              else Schema(PROTOBUF_SCHEMA, "PROTOBUF"))
+    subjects = [f"demo.{run}.{kind}-value" for kind in KINDS] + [config.pipelines[0].subject]
+    return {int(client.register_schema(subject, schema)) for subject in subjects}
 
 
 def _relay_child() -> psutil.Process | None:
@@ -69,14 +107,15 @@ def _relay_child() -> psutil.Process | None:
 
 
 def run(settings: Settings, endpoints: Endpoints, *, duration: float = 60, every: float = 5,
-        progress: Any = print) -> Summary:
+        progress: Any = print, value_format: str = "json") -> Summary:
     from orchestration.context import load
     from outbox.schema import TableName, init_outbox
 
     run_id = uuid.uuid4().hex[:8]
-    config_path = _write_config(settings, endpoints, run_id)
+    config_path = _write_config(settings, endpoints, run_id, value_format)
     config = load(config_path)
     relay_cfg, pipeline = config.relay, config.pipelines[0]
+    schema_ids = _register(config, run_id) if value_format != "json" else set()
     table = TableName.parse(relay_cfg.table)
     init_outbox(endpoints.postgres_dsn, table=table, publication=relay_cfg.publication_name, slot=relay_cfg.slot_name)
     from orchestration.flows import audit_flow, ingest_flow, relay_flow, spark_session
@@ -122,13 +161,13 @@ def run(settings: Settings, endpoints: Endpoints, *, duration: float = 60, every
     audit_state = audit_flow(pipeline.name, str(config_path), return_state=True)
     audit = audit_state.result(raise_on_failure=False)
     summary = _summarise(spark_session(), config, pipeline, truth.events, final["lag"], audit,
-                         supervisor_state.get("state"))
+                         supervisor_state.get("state"), schema_ids)
     _cleanup(endpoints.postgres_dsn, relay_cfg, table)
     return summary
 
 
 def _summarise(spark: Any, config: Any, pipeline: Any, committed: set[str], lag: int, audit: Any,
-               supervisor: Any) -> Summary:
+               supervisor: Any, schema_ids: set[int]) -> Summary:
     from connectors.admin import KafkaAdmin
     from connectors.kafka_config import librdkafka_config
     from connectors.topic_reader import read_to_end
@@ -141,8 +180,11 @@ def _summarise(spark: Any, config: Any, pipeline: Any, committed: set[str], lag:
     client = librdkafka_config(config.kafka, bootstrap)
     with KafkaAdmin(client) as admin:
         topics = admin.topics_matching(pipeline.topics, pipeline.topic_pattern)
-    in_kafka = Counter(v.decode() for t in topics for r in read_to_end(bootstrap, t, extra=client)
-                       for k, v in r.headers if k == "id")
+    records = [r for t in topics for r in read_to_end(bootstrap, t, extra=client)]
+    in_kafka = Counter(v.decode() for r in records for k, v in r.headers if k == "id")
+    # Values of a registry format: Confluent's framing with an id registered for the demo.
+    framed = sum(1 for r in records if r.value and r.value[:1] == b"\0"
+                 and int.from_bytes(r.value[1:5], "big") in schema_ids)
     table = spark.read.format("delta").load(pipeline.target)
     in_delta = Counter(r[0] for r in table.select(EVENT_ID_COLUMN).collect())
     incomplete = facts.transactions(table).where("problem IS NOT NULL").count()
@@ -152,6 +194,8 @@ def _summarise(spark: Any, config: Any, pipeline: Any, committed: set[str], lag:
     audit_ok = isinstance(audit, dict) and bool(audit.get("passed"))
     docs = audit["docs"] if isinstance(audit, dict) else str(getattr(audit, "args", [""])[0])
     rows = [
+        ("values in Kafka", pipeline.format if not schema_ids else
+         f"{pipeline.format}, subject {pipeline.subject} (schema ids {', '.join(map(str, sorted(schema_ids)))})"),
         ("events committed in PostgreSQL", f"{len(committed):,}"),
         ("events in Kafka (read_committed)", f"{sum(in_kafka.values()):,} ({kafka_dupes} duplicates)"),
         ("events in Delta", f"{sum(in_delta.values()):,} in {txns_in_delta:,} source transactions"),
@@ -161,7 +205,10 @@ def _summarise(spark: Any, config: Any, pipeline: Any, committed: set[str], lag:
         ("quality audit", "PASS" if audit_ok else "FAIL"),
     ]
     supervised = supervisor is not None and supervisor.is_completed()
-    checks = [
+    formats = [] if not schema_ids else [
+        (f"every value in Kafka is {pipeline.format} by a registered schema", framed == len(records) > 0,
+         f"{framed} of {len(records)} values framed with ids {sorted(schema_ids)}")]
+    checks = [*formats,
         ("the relay delivered each committed event once, nothing rolled back",
          set(in_kafka) == committed and kafka_dupes == 0,
          f"{sum(in_kafka.values())} events in Kafka, {len(committed)} committed"),

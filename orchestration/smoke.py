@@ -112,7 +112,9 @@ def _postgres_checks(endpoints: Endpoints) -> list[Check]:
                   f"wal_level={wal_level}, pgoutput slot created={created}")]
 
 
-def run_demo(settings: Settings, *, keep: bool = False, duration: float = 60) -> int:
+def run_demo(settings: Settings, *, keep: bool = False, duration: float = 60, value_format: str = "json") -> int:
+    """The demo; ``value_format`` ``avro`` or ``protobuf`` needs ``settings.registry.enabled`` (the
+    stack's registry)."""
     import os
 
     stack = Stack(settings)
@@ -120,7 +122,8 @@ def run_demo(settings: Settings, *, keep: bool = False, duration: float = 60) ->
     already_up = (bool(kafka and kafka.running_nodes()) or bool(pg and pg.running())
                   or bool(prefect and prefect.running()))
     print("Tidemark demo (the local stack, then the product end to end under Prefect)")
-    done = _step("starting the stack (Kafka KRaft, PostgreSQL, Prefect server)")
+    registry = " and schema registry" if settings.registry.enabled else ""
+    done = _step(f"starting the stack (Kafka KRaft, PostgreSQL{registry}, Prefect server)")
     endpoints = stack.up()
     os.environ["PREFECT_API_URL"] = stack.prefect_api()  # before Prefect is imported
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # the demo prints its own progress
@@ -140,11 +143,12 @@ def run_demo(settings: Settings, *, keep: bool = False, duration: float = 60) ->
         done()
         admin = AdminClient(endpoints.kafka_client())  # kept alive for the future
         admin.delete_topics([topic])[topic].result(30)
+        values = "" if value_format == "json" else f" ({value_format} through the schema registry)"
         done = _step(f"the product for {duration:.0f}s: an order service's transactions -> outbox -> supervised "
-                     "relay -> Kafka -> ingest every 5s through Prefect -> Delta; then a quality audit")
+                     f"relay -> Kafka{values} -> ingest every 5s through Prefect -> Delta; then a quality audit")
         from orchestration import demo
 
-        summary = demo.run(settings, endpoints, duration=duration)
+        summary = demo.run(settings, endpoints, duration=duration, value_format=value_format)
         checks += [Check(name, ok, detail) for name, ok, detail in summary.checks]
         done()
     finally:
