@@ -81,14 +81,13 @@ def _write_config(settings: Settings, endpoints: Endpoints, run: str, value_form
     return path
 
 
-def _register(config: Any, run: str) -> set[int]:
+def _register(settings: Settings, config: Any, run: str) -> set[int]:
     """The demo's schema under each topic's subject (the relay's) and the pipeline's; the ids."""
     from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
     from connectors.registry import client_config, registry_url
-    from tidemark.settings import settings
 
-    url = registry_url(config.schema_registry, settings())
+    url = registry_url(config.schema_registry, settings)
     client = SchemaRegistryClient(client_config(config.schema_registry, url))
     schema = (Schema(json.dumps(AVRO_SCHEMA), "AVRO") if config.relay.format == "avro"
               else Schema(PROTOBUF_SCHEMA, "PROTOBUF"))
@@ -115,7 +114,7 @@ def run(settings: Settings, endpoints: Endpoints, *, duration: float = 60, every
     config_path = _write_config(settings, endpoints, run_id, value_format)
     config = load(config_path)
     relay_cfg, pipeline = config.relay, config.pipelines[0]
-    schema_ids = _register(config, run_id) if value_format != "json" else set()
+    schema_ids = _register(settings, config, run_id) if value_format != "json" else set()
     table = TableName.parse(relay_cfg.table)
     init_outbox(endpoints.postgres_dsn, table=table, publication=relay_cfg.publication_name, slot=relay_cfg.slot_name)
     from orchestration.flows import audit_flow, ingest_flow, relay_flow, spark_session

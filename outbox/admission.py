@@ -225,7 +225,7 @@ class Admission:
             f"(relay.{setting}: dead_letter does that by itself)")
 
     def _encoded(self, txn: SourceTransaction, topics: list[str]) -> SourceTransaction | None:
-        """``relay.format: avro``/``protobuf``: ``txn`` with each payload's value as its topic's, or None if an
+        """``relay.format: avro``/``protobuf``: ``txn`` with each payload encoded as its topic's value, or None if an
         event's payload does not match its schema and the transaction went to the dead letters
         (``on_invalid_payload: dead_letter``); raises :class:`InvalidPayloadError` to stop the relay.
         All of it is encoded before anything of it is produced: never half a transaction."""

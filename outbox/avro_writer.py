@@ -132,7 +132,7 @@ def _union(branches: list[Any], v: str, lines: list[str], constants: list[Any], 
     other = branches[1 - null]
     kind = other.get("type") if isinstance(other, Mapping) else other
     if kind not in _PRIMITIVES - {"null"} and kind != "enum":
-        raise Unsupported("a union with a record")  # fastavro's choice of branch reads the record's fields
+        raise Unsupported(f"a union with {kind!r}")  # fastavro's choice of branch reads a record's fields
     lines += [f"    if {v} is None:", f"        a({_long(null)!r})", "    else:", f"        a({_long(1 - null)!r})"]
     inner: list[str] = []
     _value(other, v, inner, constants, depth)
