@@ -34,6 +34,7 @@ from outbox.deadletter import (
 from outbox.payloads import InvalidPayload, PayloadEncoder
 from outbox.pgoutput import format_lsn
 from outbox.position import OFFSETS_TOPIC_CONFIG
+from outbox.report import RelayReport
 from outbox.schema import TableName
 from tidemark.config import RelayConfig
 from tidemark.errors import ConfigError, KafkaAccessError, TerminalError
@@ -79,6 +80,9 @@ class Admission:
     """The relay's own connection to the database (``outbox.relay``)."""
     encoder: PayloadEncoder | None
     """``relay.format: avro`` or ``protobuf``: how payloads become its values (``outbox.payloads``)."""
+    report: RelayReport
+    _registry_answered: Callable[[list[str]], None]
+    """Events of these topics were encoded: the wait for the schema registry may be over (``outbox.outage``)."""
 
     # -- the relay's topics ------------------------------------------------------------
 
@@ -236,9 +240,13 @@ class Admission:
             try:
                 values.append(encode(topic, e.payload, serialized=e.serialized))
             except InvalidPayload as why:
+                if self.report.registry_down:
+                    self._registry_answered(topics[:len(values) + 1])
                 self._refuse(txn, f"event {e.id.decode()}: {why}", self.config.on_invalid_payload,
                              InvalidPayloadError, "register a schema version the payload matches and restart",
                              "on_invalid_payload")
                 return None
+        if self.report.registry_down:
+            self._registry_answered(topics)
         return SourceTransaction(txn.xid, txn.commit_lsn, txn.end_lsn, txn.commit_time, txn.events, txn.size,
                                  tuple(values))

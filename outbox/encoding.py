@@ -16,5 +16,5 @@ def encoder_for(relay: RelayConfig, registry: SchemaRegistryConfig, settings: Se
     if relay.format == "protobuf":
         from outbox.protobuf import ProtobufEncoder
 
-        return ProtobufEncoder(registry, settings)
+        return ProtobufEncoder(registry, settings, relay)
     return None

@@ -1,12 +1,16 @@
-"""Outages: Kafka or PostgreSQL lost and waited for, the same group failing again, a relay re-fenced.
+"""Outages: Kafka, the schema registry or PostgreSQL lost and waited for, the same group failing
+again, a relay re-fenced.
 
 Why this is its own module: an outage is not a reason for the relay to stop, and none may
 cost exactly-once (G4) or let a fenced relay commit (G5). Kafka unavailable: the relay steps
 back, waits (1 s, doubling up to 30 s, from 1 s again once a group has committed since) and
-resumes from step 1 of ``outbox.relay``. An aborted group or a commit of unknown outcome: the
-relay fences again and reads its position back before relaying anything more, and gives
-up once the same group has failed more than :data:`MAX_REDOS` times in a row. PostgreSQL
-lost: the open group is aborted and, once the relay has checked that it still owns its id,
+resumes from step 1 of ``outbox.relay``. The schema registry not answering a lookup a payload
+needs (``relay.format: avro``, ``protobuf``; :class:`outbox.payloads.RegistryOutage`): the same
+wait, before anything of the transaction is produced, counted and logged as the registry's
+(one line naming it and the subject, then one per wait, then one when it answers again). An
+aborted group or a commit of unknown outcome: the relay fences again and reads its position
+back before relaying anything more, and gives up once the same group has failed more than
+:data:`MAX_REDOS` times in a row. PostgreSQL lost: the open group is aborted and, once the relay has checked that it still owns its id,
 the session reconnects (the slot resends what was not acknowledged). A slot still held by a
 fenced relay with this id: that session is ended. The protocol's steps, and what a crash
 after each leaves, stay in ``outbox.relay``.
@@ -30,6 +34,7 @@ from connectors.producer import (
 )
 from outbox.capture import Capture, SlotBusyError
 from outbox.grouping import Group
+from outbox.payloads import RegistryOutage
 from outbox.position import Position, PositionUnreadableError
 from outbox.report import RelayReport
 from tidemark.config import RelayConfig
@@ -55,6 +60,9 @@ class Outages:
     _pending_lsn: int | None
     _unacked: int
     _offsets_partition: int
+    _registry_url: str
+    _registry_subject: str
+    """The schema registry the relay waits for, and the subject it asked for (while ``report.registry_down``)."""
     _connect_db: Callable[[], Any]
     """The relay's own connection to the database (``outbox.relay``)."""
     _session: Callable[[threading.Event, float | None], None]
@@ -70,6 +78,12 @@ class Outages:
             try:
                 self._session(stop, idle_exit)
                 return self.report
+            except RegistryOutage as outage:
+                if self.report.kafka_transactions != relayed:  # a new outage, not the same one going on
+                    delay, relayed = 1.0, self.report.kafka_transactions
+                self._registry_waits(outage, delay)
+                stop.wait(delay)
+                delay = min(delay * 2, 30.0)
             except (KafkaUnavailableError, PositionUnreadableError, ServiceUnavailableError) as outage:
                 if self.report.kafka_transactions != relayed:  # a new outage, not the same one going on
                     delay, relayed = 1.0, self.report.kafka_transactions
@@ -87,6 +101,25 @@ class Outages:
                 self.report.redone += 1
                 log.warning("%s; fencing again and reading the position back before relaying anything more", error)
         return self.report
+
+    def _registry_waits(self, outage: RegistryOutage, delay: float) -> None:
+        """Count and log a wait for the schema registry: the outage named once, then each wait."""
+        if not self.report.registry_down:
+            self.report.registry_outages += 1
+            self.report.registry_down = True
+            self._registry_url, self._registry_subject = outage.url, outage.subject
+            log.warning("schema registry unavailable: %s; nothing of the transaction is produced, the slot keeps "
+                        "every transaction not yet acknowledged, and the relay resumes by itself once it answers",
+                        outage)
+        log.warning("waiting %.0f s for the schema registry at %s (subject %r)", delay, outage.url, outage.subject)
+
+    def _registry_answered(self, topics: list[str]) -> None:
+        """Step 4 encoded events of ``topics``: if the topic whose lookup the relay waited for is one,
+        the registry answered it. (Others may be encoded with schemas the relay holds, the registry
+        still down: the slot resends transactions committed before the one that waits.)"""
+        if self._registry_subject.removesuffix("-value") in topics:
+            self.report.registry_down = False
+            log.warning("the schema registry at %s answers again; relaying resumes", self._registry_url)
 
     def _refence(self, producer: TransactionalProducer) -> None:
         """A new producer instance (epoch bump), then the position as the topics now say.

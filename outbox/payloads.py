@@ -2,20 +2,81 @@
 
 ``relay.format: avro`` (:mod:`outbox.avro`) and ``protobuf`` (:mod:`outbox.protobuf`) share
 this shape: the encoded value of an event's payload on its topic, in Confluent's framing, or
-:class:`InvalidPayload` for the relay's ``on_invalid_payload`` policy. A ``bytea`` payload is a
-value the application serialized itself: it passes unchanged, checked only to be framed.
+:class:`InvalidPayload` for the relay's ``on_invalid_payload`` policy, or :class:`RegistryOutage`
+for a registry the relay waits for (``outbox.outage``). A ``bytea`` payload is a value the
+application serialized itself: it passes unchanged, checked only to be framed.
+
+Both keep each topic's schema and ask the registry again on the same terms
+(:class:`SubjectClock`): every ``relay.schema_refresh_seconds``, and when a payload has a field
+the schema lacks, since serializing it would drop the field's value without a word.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import time
 from typing import Any, Protocol
 
 import orjson
 
+from tidemark.errors import RegistryUnavailableError
+
+log = logging.getLogger("outbox.relay")  # the relay's log lines, under the relay's name
+
+#: Least time between two asks about one subject on payloads with a field its schema lacks: a
+#: stream of such payloads (a misspelt field) costs the registry one request per subject this often.
+MISS_ASK_SECONDS = 5.0
+
 
 class InvalidPayload(Exception):
     """This event's payload cannot be serialized with its subject's schema (the reason says why)."""
+
+
+class RegistryOutage(RegistryUnavailableError):
+    """The registry did not answer a lookup the relay cannot do without: it waits (``outbox.outage``)."""
+
+    def __init__(self, url: str, subject: str, why: str) -> None:
+        super().__init__(f"the schema registry at {url} does not answer the relay's lookup of subject "
+                         f"{subject!r} ({why})")
+        self.url = url
+        self.subject = subject
+        self.why = why
+
+
+class SubjectClock:
+    """When a relay asks the registry about a topic's subject again: a refresh once
+    ``refresh_seconds`` have passed since the last one (a registry that did not answer one is not
+    asked about any subject again for as long), and an ask on a payload's unknown field, at most
+    once per :data:`MISS_ASK_SECONDS` per subject."""
+
+    def __init__(self, refresh_seconds: float) -> None:
+        self.refresh_seconds = refresh_seconds
+        self._asked: dict[str, float] = {}
+        self._quiet_until = 0.0
+
+    def next_refresh(self) -> float:
+        """The monotonic time a schema taken now is due to be checked again."""
+        return max(time.monotonic() + self.refresh_seconds, self._quiet_until)
+
+    def may_refresh(self) -> bool:
+        return time.monotonic() >= self._quiet_until
+
+    def refresh_failed(self, url: str, subject: str, error: Exception, kept: str) -> None:
+        """A refresh the registry did not answer: the relay goes on with the schema it has (``kept``)."""
+        self._quiet_until = time.monotonic() + self.refresh_seconds
+        log.warning("the schema registry at %s did not answer the relay's check of subject %r for a newer version "
+                    "(%s); the relay goes on with %s and asks again in %.0f s", url, subject,
+                    error.why if isinstance(error, RegistryOutage) else error, kept, self.refresh_seconds)
+
+    def may_ask(self, subject: str) -> bool:
+        """Whether a payload's unknown field may ask the registry about ``subject`` now."""
+        last = self._asked.get(subject)
+        return last is None or time.monotonic() - last >= MISS_ASK_SECONDS
+
+    def asked(self, subject: str) -> None:
+        """The registry answered an ask on an unknown field (its answer is the schema kept)."""
+        self._asked[subject] = time.monotonic()
 
 
 class PayloadEncoder(Protocol):

@@ -9,16 +9,22 @@ Confluent deserializer read. Most payloads are read by the message class's const
 gives the same message in a tenth of the time; those it could read otherwise go to the JSON
 mapping itself (:func:`_constructor_agrees`). Schemas are registered ahead. A field the
 schema lacks, or a value of the wrong type, is an invalid payload (``on_invalid_payload``), never dropped
-silently. The schema of a topic is looked up once per process (a relay restarted after a
-new version is registered takes the new one). A ``bytea`` payload passes unchanged, checked
-only to be framed. The registry's answers are :mod:`connectors.registry`'s: one that does
-not answer is transient (the relay stops with exit 75 before producing the transaction).
+silently: the JSON mapping refuses it. A field the message lacks first makes the relay ask for
+the subject's newest version (once per subject every few seconds), which it uses from then
+on, and the payload is invalid only if that version lacks the field too. The schema of a
+topic is looked up once and kept, and the subject is asked for a newer version every
+``relay.schema_refresh_seconds``. A ``bytea`` payload passes unchanged, checked only to be
+framed. The registry's answers are :mod:`connectors.registry`'s: one that does not answer a
+lookup the payload needs is :class:`outbox.payloads.RegistryOutage` (the relay waits before
+producing the transaction).
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,45 +32,87 @@ from google.protobuf import json_format
 
 from connectors.protobuf_schemas import compile_schema, frame, indexes, message
 from connectors.registry import Registry
-from outbox.payloads import InvalidPayload, check_framed, record_of
-from tidemark.config import SchemaRegistryConfig
-from tidemark.errors import ConfigError
+from outbox.payloads import InvalidPayload, RegistryOutage, SubjectClock, check_framed, record_of
+from tidemark.config import RelayConfig, SchemaRegistryConfig
+from tidemark.errors import ConfigError, RegistryUnavailableError
 from tidemark.settings import Settings
 
+log = logging.getLogger("outbox.relay")  # the relay's log lines, under the relay's name
 
-@dataclass(frozen=True)
+
+@dataclass
 class _Target:
     schema_id: int
     indexes: list[int]
     make: Any
     """The message's class (a new, empty message per call)."""
+    refresh_at: float
+    """When the subject is asked again for a newer version (monotonic)."""
+
+    @property
+    def what(self) -> str:
+        return f"schema id {self.schema_id}"
 
 
 class ProtobufEncoder:
-    def __init__(self, config: SchemaRegistryConfig, settings: Settings) -> None:
+    def __init__(self, config: SchemaRegistryConfig, settings: Settings, relay: RelayConfig | None = None) -> None:
         self._registry = Registry(config, settings)
+        self.url = self._registry.url
         self._targets: dict[str, _Target] = {}
+        self._clock = SubjectClock(relay.schema_refresh_seconds if relay is not None else 60.0)
 
     def _target(self, topic: str) -> _Target:
+        """The topic's message: looked up (the relay waits for a registry that does not answer), or the
+        one kept, checked against the subject's newest version once due (kept while the registry does
+        not answer)."""
         found = self._targets.get(topic)
         if found is None:
-            from google.protobuf import message_factory
+            return self._newest(topic, None)
+        if time.monotonic() < found.refresh_at:
+            return found
+        if not self._clock.may_refresh():
+            found.refresh_at = self._clock.next_refresh()
+            return found
+        try:
+            return self._newest(topic, found)
+        except (RegistryUnavailableError, ConfigError) as exc:  # a refusal too: the kept version still serves
+            self._clock.refresh_failed(self._registry.url, f"{topic}-value", exc, found.what)
+            found.refresh_at = self._clock.next_refresh()
+            return found
 
-            subject = f"{topic}-value"
+    def _newest(self, topic: str, kept: _Target | None) -> _Target:
+        """The first message of the subject's newest version (``kept`` if it is that one), used from now on."""
+        from google.protobuf import message_factory
+
+        subject = f"{topic}-value"
+        try:
             versions = self._registry.versions(subject)
-            if not versions:
-                raise ConfigError(f"relay.format protobuf: subject {subject!r} has no schema in the registry at "
-                                  f"{self._registry.url}; register the topic's schema there, then start the relay "
-                                  "again")
-            newest = versions[-1].schema_id
-            what = f"schema id {newest} of subject {subject!r}"
+        except RegistryUnavailableError as exc:
+            raise RegistryOutage(self._registry.url, subject, str(exc).split("; ")[0]) from None
+        if not versions:
+            raise ConfigError(f"relay.format protobuf: subject {subject!r} has no schema in the registry at "
+                              f"{self._registry.url}; register the topic's schema there, then start the relay "
+                              "again")
+        newest = versions[-1].schema_id
+        if kept is not None and kept.schema_id == newest:
+            kept.refresh_at = self._clock.next_refresh()
+            return kept
+        what = f"schema id {newest} of subject {subject!r}"
+        try:
             text = self._registry.schema(newest)
-            if text is None:
-                raise ConfigError(f"{what} vanished from the registry at {self._registry.url} while the relay read "
-                                  "it; start the relay again")
-            descriptor = message(compile_schema(text, what, self._registry.imports(newest)), None, what)
-            found = _Target(newest, indexes(descriptor), message_factory.GetMessageClass(descriptor))
-            self._targets[topic] = found
+            imports = self._registry.imports(newest) if text is not None else None
+        except RegistryUnavailableError as exc:
+            raise RegistryOutage(self._registry.url, subject, str(exc).split("; ")[0]) from None
+        if text is None:
+            raise ConfigError(f"{what} vanished from the registry at {self._registry.url} while the relay read "
+                              "it; start the relay again")
+        descriptor = message(compile_schema(text, what, imports), None, what)
+        found = _Target(newest, indexes(descriptor), message_factory.GetMessageClass(descriptor),
+                        self._clock.next_refresh())
+        if kept is not None:
+            log.warning("subject %s: the relay serializes with schema id %d from now on (was %d)", subject, newest,
+                        kept.schema_id)
+        self._targets[topic] = found
         return found
 
     def encode(self, topic: str, payload: bytes | None, *, serialized: bool = False) -> bytes | None:
@@ -76,18 +124,41 @@ class ProtobufEncoder:
             return check_framed(payload, 6)
         target = self._target(topic)
         record = record_of(payload)
-        body = None
-        if _constructor_agrees(record, target.make.DESCRIPTOR):
+        try:
+            body = _body(target, record)
+        except json_format.ParseError as exc:
+            subject = f"{topic}-value"
+            if _UNKNOWN not in str(exc) or not self._clock.may_ask(subject):
+                raise InvalidPayload(f"the payload does not match the schema of {subject}: {exc}") from None
+            newer = self._newest(topic, target)
+            self._clock.asked(subject)
             try:
-                body = target.make(**record).SerializeToString()
-            except (ValueError, TypeError):  # e.g. a JSON name, an int64 as a string: the mapping decides
-                body = None
-        if body is None:
-            try:
-                body = json_format.ParseDict(record, target.make()).SerializeToString()
-            except (ValueError, TypeError, json_format.ParseError) as exc:
-                raise InvalidPayload(f"the payload does not match the schema of {topic}-value: {exc}") from None
+                body = _body(newer, record)
+            except json_format.ParseError as still:
+                raise InvalidPayload(f"the payload does not match the schema of {subject} (its newest version, "
+                                     f"{newer.what}): {still}") from None
+            target = newer
         return frame(target.schema_id, target.indexes, body)
+
+
+#: How the JSON mapping's refusal of a field the message lacks begins its reason.
+_UNKNOWN = "has no field named"
+
+
+def _body(target: _Target, record: Any) -> bytes:
+    """``record`` as ``target``'s message body: by the message class's constructor where it reads the
+    record as the JSON mapping would, else by the mapping (its ``ParseError`` says why not)."""
+    if _constructor_agrees(record, target.make.DESCRIPTOR):
+        try:
+            return bytes(target.make(**record).SerializeToString())
+        except (ValueError, TypeError):  # e.g. a JSON name, an int64 as a string: the mapping decides
+            pass
+    try:
+        return bytes(json_format.ParseDict(record, target.make()).SerializeToString())
+    except (ValueError, TypeError) as exc:
+        if isinstance(exc, json_format.ParseError):
+            raise
+        raise json_format.ParseError(str(exc)) from None
 
 
 #: The largest finite float32: a larger number is refused by the JSON mapping, made infinite by the constructor.

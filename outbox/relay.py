@@ -52,7 +52,9 @@ Steps of :meth:`Relay.run`, in order, with what a crash right after each leaves 
 
 Kafka being unavailable (calls failing for ``relay.kafka_retry_seconds``) is not a
 reason to stop: the relay steps back, waits (doubling up to 30 s, from 1 s again once a
-group has committed since), and resumes from step 1. Only being fenced, a changed source
+group has committed since), and resumes from step 1. Nor is a schema registry that does not
+answer a lookup step 4 needs (``relay.format: avro``, ``protobuf``): the same wait, counted
+as the registry's. Only being fenced, a changed source
 stream, a refused event or bad configuration stop it (non-zero exit).
 
 The relay's helpers, one concern each: ``outbox.grouping`` (what a group holds, when it is

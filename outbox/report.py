@@ -28,5 +28,9 @@ class RelayReport:
     """Times the producer was replaced after a disturbed connection (steps 1-2 again)."""
     outages: int = 0
     """Times Kafka was unavailable and the relay stepped back."""
+    registry_outages: int = 0
+    """Times the schema registry did not answer a lookup a payload needed and the relay waited for it."""
+    registry_down: bool = False
+    """The relay is waiting for the schema registry to answer now."""
     topics: Counter[str] = field(default_factory=Counter)
 

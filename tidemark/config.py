@@ -493,6 +493,11 @@ class RelayConfig(BaseModel):
     """``avro``: register each ``schemas`` file under its subject when it is not there yet (the
     registry's compatibility rule decides whether it may be). Off: schemas are registered ahead,
     by whoever owns them, and a schema the registry lacks stops the relay."""
+    schema_refresh_seconds: Annotated[float, Field(gt=0)] = 60.0
+    """``avro``, ``protobuf``: how often the relay asks the registry for a newer version of each
+    subject it serializes with, and takes it (a version the registry accepted, so consumers read
+    it). A payload with a field its schema lacks makes it ask at once (at most once per subject
+    every few seconds). A ``relay.schemas`` file is the topic's schema until the relay restarts."""
     payload_column: Literal["jsonb", "bytea"] = "jsonb"
     """The payload column's type ``tidemark outbox init`` gives a new outbox table. ``bytea``: the
     application serializes values itself and the relay sends them unchanged whatever ``format``
