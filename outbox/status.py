@@ -13,12 +13,18 @@ from typing import Any
 from outbox.pgoutput import format_lsn
 from outbox.position import PositionUnreadableError, read_position
 from outbox.schema import TableName
-from tidemark.config import RelayConfig
+from tidemark.config import RelayConfig, SchemaRegistryConfig
 from tidemark.errors import ConfigError, ServiceUnavailableError
+from tidemark.settings import Settings
+
+#: How long ``relay status`` waits for the schema registry to answer.
+REGISTRY_STATUS_SECONDS = 5
 
 
-def relay_status(relay: RelayConfig, *, dsn: str, client_config: dict[str, Any]) -> dict[str, str]:
-    """Position, slot state and lag (events not yet relayed, age of the oldest); Kafka being down is a state."""
+def relay_status(relay: RelayConfig, *, dsn: str, client_config: dict[str, Any],
+                 registry: SchemaRegistryConfig | None = None, settings: Settings | None = None) -> dict[str, str]:
+    """Position, slot state and lag (events not yet relayed, age of the oldest); Kafka being down is a state,
+    and so is, given ``registry`` for a relay of ``format`` avro or protobuf, a registry that does not answer."""
     import psycopg2
 
     table = TableName.parse(relay.table)
@@ -28,6 +34,8 @@ def relay_status(relay: RelayConfig, *, dsn: str, client_config: dict[str, Any])
                   "last relayed at": position.relayed_at if position else "-"}
     except (ServiceUnavailableError, PositionUnreadableError) as exc:
         status = {"relay": relay.id, "position": f"(Kafka unavailable: {exc})", "last relayed at": "?"}
+    if registry is not None and relay.format != "json":
+        status["schema registry"] = registry_state(registry, settings)
     conn = psycopg2.connect(dsn)
     try:
         with conn.cursor() as cur:
@@ -67,3 +75,23 @@ def relay_backlog(relay: RelayConfig, dsn: str) -> tuple[int, float]:
             return _backlog(cur, TableName.parse(relay.table))
     finally:
         conn.close()
+
+
+def registry_state(registry: SchemaRegistryConfig, settings: Settings | None = None) -> str:
+    """Whether the schema registry a relay serializes with answers now: a relay whose lookup it does
+    not answer waits for it (``outbox.outage``), and this is how its operator sees why."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    from connectors.registry import client_config, registry_url
+    from tidemark.settings import load_settings
+
+    url = registry_url(registry, settings or load_settings())
+    try:
+        SchemaRegistryClient({**client_config(registry, url), "timeout": REGISTRY_STATUS_SECONDS}).get_subjects()
+    except SchemaRegistryError as exc:
+        return f"{url} refuses (HTTP {exc.http_status_code}: {exc.error_message})"
+    except Exception as exc:  # noqa: BLE001 - httpx's and the OS's connection failures
+        return (f"{url} does not answer ({type(exc).__name__}: {exc}); a relay that needs it waits, and resumes "
+                "once it answers")
+    return f"{url} answers"

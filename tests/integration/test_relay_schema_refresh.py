@@ -189,6 +189,16 @@ def _keyed_transaction(setup: RelaySetup, aggregate: str, key: str) -> SourceTxn
     return SourceTxn(xid, [(str(event), key, seq, aggregate)])
 
 
+def _registry_status(setup: RelaySetup) -> str:
+    """The ``schema registry`` line of ``relay status`` for ``setup``'s relay."""
+    from outbox.status import relay_status
+    from tidemark.config import parse_config
+
+    config = parse_config(yaml.safe_load(setup.config.read_text()))
+    return relay_status(config.relay, dsn=setup.dsn, client_config={"bootstrap.servers": setup.bootstrap},
+                        registry=config.schema_registry)["schema registry"]
+
+
 @pytest.mark.slow
 def test_a_registry_killed_under_a_running_relay_is_waited_for_and_named(  # type: ignore[no-untyped-def]
         tmp_path: Path, postgres_dsn: str, kafka_bootstrap: str, settings) -> None:
@@ -231,8 +241,10 @@ def test_a_registry_killed_under_a_running_relay_is_waited_for_and_named(  # typ
         assert named and "does not answer" in named[0], log[-3000:]
         assert "waiting" in log and "answers again" not in log, log[-3000:]
         assert setup.outbox_rows() > 0  # the refund and what came after wait
+        assert "does not answer" in _registry_status(setup)
 
         registry.start()
+        assert _registry_status(setup) == f"{url} answers"
         setup.catch_up_and_stop(relay)
         log = (tmp_path / "relay.log").read_text(errors="replace")
         assert "answers again" in log and log.count("schema registry unavailable") == 1, log[-3000:]
