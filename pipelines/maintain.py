@@ -22,7 +22,10 @@ docs/design.md "Months of history"). Per table, in this order:
    version inside that window reads:
    those compaction replaced, and orphans of writes that never committed (a guarded write
    that tripped, a killed batch). Files a running batch is writing are new, so a retention
-   longer than any batch keeps them.
+   longer than any batch keeps them. The count reported is Delta's own, from the
+   ``VACUUM END`` commit, which Delta writes only on some stores (not ``s3a``) unless told
+   to: the VACUUM runs with ``spark.databricks.delta.vacuum.logging.enabled`` on, so every
+   store reports what it deleted.
 3. **The log** gets no command: the compaction commit and ingest's own commits write
    checkpoints every ``delta.checkpointInterval`` versions, and checkpoints delete log
    files older than ``delta.logRetentionDuration`` (rounded down to the day). New tables are created with those
@@ -59,8 +62,9 @@ log = logging.getLogger(__name__)
 #: Below this retention VACUUM may delete the files of a batch still being written.
 SAFE_RETAIN_HOURS = 1.0
 
-#: How many of a table's newest commits are searched for the VACUUM's own (ingest commits meanwhile).
-HISTORY_WINDOW = 50
+#: Delta writes the VACUUM START/END commits (where the count of deleted files is) only on
+#: some stores unless this is on; ``s3a`` is not among them.
+VACUUM_LOGGING = "spark.databricks.delta.vacuum.logging.enabled"
 
 
 @dataclass
@@ -222,14 +226,38 @@ def _maintain_table(spark: SparkSession, pipeline: PipelineConfig, done: TableMa
     done.compacted_away = int(metrics[0]["metrics"]["numFilesRemoved"]) if metrics else 0
 
     # Step 2. Vacuum, with the table's retention (checked above against the promise).
-    table.vacuum()
-    recent = table.history(HISTORY_WINDOW).select("version", "operation", "operationMetrics").collect()
-    ends = [r for r in recent if r.operation == "VACUUM END"]  # ingest's commits may have followed it
-    done.vacuumed = int((ends[0].operationMetrics or {}).get("numDeletedFiles", 0)) if ends else 0
+    before = _newest_version(table)
+    _vacuum_logged(spark, table)
+    done.version = _newest_version(table)
+    # Every commit since `before` (ingest's may have followed the VACUUM's): the oldest END is this one's.
+    since = table.history(max(done.version - before, 1)).select("version", "operation", "operationMetrics").collect()
+    ends = sorted((r for r in since if r.operation == "VACUUM END"), key=lambda r: r.version)
+    if not ends:
+        raise TransientError(f"VACUUM of {path} ran, but its VACUUM END commit is not in the table's log, "
+                             f"so how many files it deleted is unknown; run `tidemark maintain {pipeline.name}` "
+                             "again")
+    done.vacuumed = int((ends[0].operationMetrics or {}).get("numDeletedFiles", 0))
     done.files_after = _detail(spark, path)[0]
-    done.version = int(recent[0].version)
     done.seconds = round(time.monotonic() - started, 3)
     return done
+
+
+def _newest_version(table: Any) -> int:
+    return int(table.history(1).select("version").first()[0])
+
+
+def _vacuum_logged(spark: SparkSession, table: Any) -> None:
+    """``VACUUM`` with its START and END commits written on every store (:data:`VACUUM_LOGGING`),
+    the session's own setting restored after."""
+    previous = spark.conf.get(VACUUM_LOGGING, None)
+    spark.conf.set(VACUUM_LOGGING, "true")
+    try:
+        table.vacuum()
+    finally:
+        if previous is None:
+            spark.conf.unset(VACUUM_LOGGING)
+        else:
+            spark.conf.set(VACUUM_LOGGING, previous)
 
 
 def _conflicts() -> tuple[type[BaseException], ...]:
