@@ -10,7 +10,8 @@ When they differ, :func:`compare` decides, before anything is claimed or written
   - a column the table has and the batch lacks stays, null in the batch's rows;
   - a type the table must widen (a widening Delta applies by itself: byte→short→int→long,
     float→double, date→timestamp_ntz, a decimal of more precision and no less room for its
-    integer digits) is widened;
+    integer digits) stops the pipeline, unless it opted in with ``type_widening: allow``;
+    then the column is widened;
   - a type the table already holds wider (records written with an older, narrower schema)
     is written as it stands, cast up by Delta;
   - anything else (long→string, a struct turned into a string, an integer into a double,
@@ -18,13 +19,20 @@ When they differ, :func:`compare` decides, before anything is claimed or written
 
 * **strict**: any difference stops the pipeline.
 
+Why a widening needs the opt-in: Delta widens a column by turning on its ``typeWidening``
+reader feature, and a reader that lacks the feature refuses every version of the table,
+not only the new ones. delta-spark reads it from 4.0 on; delta-rs (the ``deltalake``
+package, 1.6.6 in this project) and what is built on it (Polars, DuckDB's delta reader
+through delta-rs) do not read it at all. Whether every reader of a table can follow is
+the table owner's call, not an upstream schema's. Until then the pipeline stops before
+its claim, so the records of the wider schema wait in Kafka: nothing is quarantined.
+
 Why the change rides with the batch: the commit protocol's step 4 writes the rows, the
 offsets and (with ``mergeSchema``) the new schema in one Delta commit, so a crash can never
 leave a table whose schema changed without the batch that changed it, or the reverse. The
 one separate commit is turning on Delta's type widening feature for the first widening
 (``delta.enableTypeWidening``): it changes no schema and no data, so a crash after it only
-leaves the feature on. Readers of a widened table need type widening support (delta-spark
-3.3 or later); that is said in the log when it happens.
+leaves the feature on.
 """
 
 from __future__ import annotations
@@ -38,6 +46,11 @@ if TYPE_CHECKING:
     from pyspark.sql.types import DataType, StructType
 
 SchemaEvolution = Literal["additive", "strict"]
+TypeWidening = Literal["refuse", "allow"]
+
+#: Who cannot read a table once a widening turns on Delta's ``typeWidening`` reader feature.
+WIDENING_READERS = ("readers need delta-spark 4.0 or later; delta-rs (the deltalake package) and the tools "
+                    "built on it (Polars, DuckDB's delta reader) refuse every version of the table")
 
 #: Integer types in order of width: each widens automatically to any after it.
 _INTEGERS = ("byte", "short", "integer", "long")
@@ -86,9 +99,10 @@ def widens(narrow: DataType, wide: DataType) -> bool:
 
 
 def compare(table: StructType, batch: StructType, mode: SchemaEvolution, *, pipeline: str, target: str,
-            partition_by: tuple[str, ...] = ()) -> SchemaChange:
+            partition_by: tuple[str, ...] = (), type_widening: TypeWidening = "refuse") -> SchemaChange:
     """How writing ``batch`` changes ``table``, or :class:`SchemaConflictError` naming the field,
-    both types and what to do."""
+    both types and what to do. A widening is refused unless ``type_widening`` allows it: it cuts
+    off every reader without Delta's type widening support (module doc)."""
     added: list[str] = []
     widened: list[tuple[str, str, str]] = []
     kept: list[str] = []
@@ -110,6 +124,13 @@ def compare(table: StructType, batch: StructType, mode: SchemaEvolution, *, pipe
         raise SchemaConflictError(
             f"{where}: the batch {change.describe()}, and `schema_evolution` is strict. Nothing was written. "
             "Undo the change in `schema`, or set `schema_evolution: additive` (docs/operations.md, Schema changes)")
+    if change.widened and type_widening != "allow":
+        widenings = "; ".join(f"field {c} is {a} in the table and {b} in the batch" for c, a, b in change.widened)
+        raise SchemaConflictError(
+            f"{where}: {widenings}, a type widening the pipeline has not opted into. Nothing was written; the "
+            f"records wait in Kafka. Either set `type_widening: allow` on the pipeline, which turns on Delta's "
+            f"typeWidening reader feature on the table (its {WIDENING_READERS}), or give the wider field a new name, "
+            "a new column that every reader can read (docs/operations.md, Schema changes)")
     return change
 
 

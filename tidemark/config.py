@@ -326,9 +326,14 @@ class PipelineConfig(BaseModel):
     schema_evolution: Literal["additive", "strict"] = "additive"
     """What a change of the batch's columns against the target's does (``pipelines.evolution``).
     ``additive``: a new field becomes a new column, a removed one stays (null from then on), a
-    widening Delta makes by itself (int→bigint, float→double) widens the column, each in the
-    batch's own commit; any other change stops the pipeline, writing nothing. ``strict``: any
-    change stops it."""
+    widening Delta makes by itself (int→bigint, float→double) widens the column if
+    ``type_widening`` allows it, each in the batch's own commit; any other change stops the
+    pipeline, writing nothing. ``strict``: any change stops it."""
+    type_widening: Literal["refuse", "allow"] = "refuse"
+    """``additive``: what a widening does. ``refuse``: stops the pipeline, writing nothing (its
+    records wait in Kafka). ``allow``: widens the column, which turns on Delta's
+    ``typeWidening`` reader feature: from then on the table's readers need delta-spark 4.0 or
+    later, and delta-rs (Polars, DuckDB's delta reader) cannot read any version of it."""
     lineage: tuple[LineageColumn, ...] = ("topic", "partition", "offset", "timestamp", "key", "batch_id")
     """Kafka facts added as ``_kafka_<name>`` columns (``_tidemark_batch_id`` for batch_id)."""
     partition_by: tuple[str, ...] = ()
@@ -383,6 +388,9 @@ class PipelineConfig(BaseModel):
                                  "(its subject is <topic>-value)")
         if self.message is not None and self.format != "protobuf":
             raise ValueError("`message` names a Protobuf message: it applies to format: protobuf")
+        if self.type_widening == "allow" and self.schema_evolution == "strict":
+            raise ValueError("type_widening: allow widens columns, which schema_evolution: strict never does: "
+                             "set schema_evolution: additive, or remove type_widening")
         if self.transactions.atomic and not {"topic", "partition", "offset"} <= set(self.lineage):
             raise ValueError("transactions.atomic needs the topic, partition and offset lineage columns")
         return self

@@ -1,7 +1,7 @@
 """``format: avro`` on a real schema registry (Apicurio), Kafka, Spark and Delta.
 
 A subject evolves while the pipeline runs: v1, then v2 adds a field with a default, then v3
-widens int→long. Each record is decoded with its own writer schema (v1 records written
+widens int→long (the pipeline opted into type widening). Each record is decoded with its own writer schema (v1 records written
 after v3 exists still with v1) into the newest version, and the table's schema follows in
 the batches' own commits. Bad values are quarantined with their reason; an incompatible
 version stops the pipeline before anything is written.
@@ -75,7 +75,7 @@ def test_a_subject_evolving_mid_stream_lands_every_record_with_its_writer_schema
            good[:7]: f"value does not decode as Avro with schema id {v3}",
            b"\x00\x00": "not Confluent-framed Avro"}
     _produce(kafka_bootstrap, topic, [*values, *bad])
-    report = _ingest(spark, kafka_bootstrap, topic, target)
+    report = _ingest(spark, kafka_bootstrap, topic, target, type_widening="allow")
     assert (report.rows, report.quarantined) == (5, 4)
 
     table = spark.read.format("delta").load(target)

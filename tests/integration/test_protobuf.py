@@ -1,7 +1,7 @@
 """``format: protobuf`` on a real schema registry (Apicurio), Kafka, Spark and Delta.
 
 A subject evolves while the pipeline runs: v1, then v2 adds a field, then v3 widens
-int32→int64. Each record is parsed with its own writer schema (v1 records written after v3
+int32→int64 (the pipeline opted into type widening). Each record is parsed with its own writer schema (v1 records written after v3
 exists still with v1) and read into the newest version's message by field number; the
 table's schema follows in the batches' own commits. Bad values are quarantined with their
 reason; an incompatible version stops the pipeline before anything is written.
@@ -75,7 +75,7 @@ def test_a_protobuf_subject_evolving_mid_stream_lands_every_record_with_its_writ
            framed(v3, V3, {"sku": "not an order"}, name="shop.Line"): "message shop.Line is not the pipeline's",
            b"\x00\x00": "not Confluent-framed Protobuf"}
     _produce(kafka_bootstrap, topic, [*values, *bad])
-    report = _ingest(spark, kafka_bootstrap, topic, target)
+    report = _ingest(spark, kafka_bootstrap, topic, target, type_widening="allow")
     assert (report.rows, report.quarantined) == (5, len(bad))
 
     table = spark.read.format("delta").load(target)

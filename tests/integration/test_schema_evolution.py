@@ -1,8 +1,9 @@
 """A pipeline's schema changes while it runs (real Kafka, Spark and Delta).
 
-Additive changes (a new field, a removed one, a widening Delta makes by itself) go on, each
-in the batch's own commit; any other change, or any change under ``strict``, stops before
-anything is claimed or written, and the pipeline goes on once the operator undoes it.
+Additive changes (a new field, a removed one, and a widening Delta makes by itself once the
+pipeline opts into it) go on, each in the batch's own commit; any other change, or any change
+under ``strict``, stops before anything is claimed or written, and the pipeline goes on once
+the operator undoes it (or, for a widening, opts in).
 """
 
 from __future__ import annotations
@@ -61,9 +62,14 @@ def test_additive_changes_land_with_their_batch_and_others_stop_before_anything_
     assert _ingest(spark, kafka_bootstrap, topic, target, "id INT, note STRING").rows == 5
     v1 = _version(spark, target)
 
-    # A new field and a widening: the batch's commit carries the new schema, its rows and its offsets.
+    # A new field and a widening: stopped until the pipeline opts into the widening, nothing written;
+    # then the batch's commit carries the new schema, its rows and its offsets.
     _produce(kafka_bootstrap, topic, [{"id": 2**40 + i, "note": f"v2-{i}", "extra": f"x{i}"} for i in range(5)])
-    assert _ingest(spark, kafka_bootstrap, topic, target, "id BIGINT, note STRING, extra STRING").rows == 5
+    with pytest.raises(SchemaConflictError, match=r"field id is int in the table and bigint .*type_widening: allow"):
+        _ingest(spark, kafka_bootstrap, topic, target, "id BIGINT, note STRING, extra STRING")
+    assert _version(spark, target) == v1
+    assert _ingest(spark, kafka_bootstrap, topic, target, "id BIGINT, note STRING, extra STRING",
+                   type_widening="allow").rows == 5
     table = spark.read.format("delta").load(target)
     assert {f.name: f.dataType.simpleString() for f in table.schema.fields if not f.name.startswith("_")} == {
         "id": "bigint", "note": "string", "extra": "string"}

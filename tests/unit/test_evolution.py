@@ -55,7 +55,7 @@ def test_a_new_field_is_added_and_a_removed_one_kept() -> None:
 
 
 def test_fields_inside_structs_evolve_like_columns() -> None:
-    change = _compare("s STRUCT<a: INT, b: STRING>", "s STRUCT<a: BIGINT, c: DOUBLE>")
+    change = _compare("s STRUCT<a: INT, b: STRING>", "s STRUCT<a: BIGINT, c: DOUBLE>", type_widening="allow")
     assert change.added == ("s.c double",)
     assert change.widened == (("s.a", "int", "bigint"),)
     assert change.kept == ("s.b",)
@@ -66,7 +66,7 @@ def test_fields_inside_structs_evolve_like_columns() -> None:
     ("FLOAT", "DOUBLE"), ("DATE", "TIMESTAMP_NTZ"), ("DECIMAL(10,2)", "DECIMAL(12,2)"),
     ("DECIMAL(10,2)", "DECIMAL(12,4)")])
 def test_widenings_delta_makes_by_itself(narrow: str, wide: str) -> None:
-    change = _compare(f"v {narrow}", f"v {wide}")
+    change = _compare(f"v {narrow}", f"v {wide}", type_widening="allow")
     assert [(c, a) for c, a, _ in change.widened] == [("v", _schema(f"v {narrow}").fields[0].dataType.simpleString())]
     # The other way round is an older writer's narrower record: the table keeps its type.
     back = _compare(f"v {wide}", f"v {narrow}")
@@ -86,6 +86,20 @@ def test_other_type_changes_stop_naming_the_field_and_both_types(old: str, new: 
     with pytest.raises(SchemaConflictError) as raised:
         _compare(f"id INT, v {old}", f"id INT, v {new}")
     assert named in str(raised.value) and "Nothing was written" in str(raised.value)
+
+
+def test_a_widening_stops_unless_the_pipeline_opts_in() -> None:
+    for table, batch in (("id INT, note STRING", "id BIGINT, note STRING"),
+                         ("id INT, s STRUCT<a: FLOAT>", "id INT, s STRUCT<a: DOUBLE>, extra STRING")):
+        with pytest.raises(SchemaConflictError) as raised:
+            _compare(table, batch)
+        said = str(raised.value)
+        assert "is int in the table and bigint in the batch" in said or "s.a is float" in said
+        assert "Nothing was written" in said and "`type_widening: allow`" in said and "new name" in said
+        assert "delta-rs" in said and "delta-spark 4.0" in said
+    assert _compare("id INT", "id BIGINT", type_widening="allow").widened == (("id", "int", "bigint"),)
+    # A table already wider than the batch needs no opt-in: nothing widens.
+    assert not _compare("id BIGINT", "id INT").alters_table
 
 
 def test_widens_knows_delta_decimal_rule() -> None:
