@@ -16,6 +16,30 @@ def pipeline_of(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return ctx.config, ctx.pipeline, ctx.bootstrap
 
 
+def servers_answering(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """:func:`pipeline_of` for a follower: a server that does not answer yet (Kafka, the object
+    store) is waited for, with a line each time, as the follower waits for one mid-run."""
+    import logging
+    import time
+
+    from tidemark.errors import ServiceUnavailableError
+
+    waits = 0
+    while True:
+        try:
+            found = pipeline_of(args)
+        except ServiceUnavailableError as exc:
+            waits += 1
+            pause = min(30.0, 2.0 ** min(waits, 5))
+            logging.getLogger("tidemark.follow").warning("%s; --follow waits %.0f s and asks again (wait %d)",
+                                                         exc, pause, waits)
+            time.sleep(pause)
+            continue
+        if waits:
+            logging.getLogger("tidemark.follow").warning("the servers answer after %d wait(s); starting", waits)
+        return found
+
+
 def metrics_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port", type=int, metavar="PORT",
                         help="serve Prometheus metrics on http://HOST:PORT/metrics (docs/operations.md, Metrics)")

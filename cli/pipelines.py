@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from cli.context import metrics_arguments, pipeline_of, serve_metrics
+from cli.context import metrics_arguments, pipeline_of, serve_metrics, servers_answering
 from cli.output import table
 from tidemark.settings import settings
 
@@ -57,7 +57,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from pipelines.ingest import IngestJob
     from tidemark.signals import stop_on_signals
 
-    config, pipeline, bootstrap = pipeline_of(args)
+    config, pipeline, bootstrap = servers_answering(args) if args.follow else pipeline_of(args)
     metrics = serve_metrics(args)
     if metrics is not None:  # scrapes answer while Spark starts
         metrics.watch_pipelines([pipeline], librdkafka_config(config.kafka, bootstrap),
@@ -77,6 +77,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         job.on_batch = each_batch
         if metrics is not None:
             job.on_outage = lambda down: metrics.kafka_outage(pipeline.name, down)
+            job.on_stall = lambda seconds: metrics.stalled.labels(pipeline.name).set(seconds)
         if args.follow:
             report = job.follow(stop_on_signals())
         elif on_terminal():

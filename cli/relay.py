@@ -106,14 +106,17 @@ def cmd_relay_run(args: argparse.Namespace) -> int:
                       "kafka_transactions": report.kafka_transactions, "skipped_redelivered": report.skipped,
                       "deleted_rows": report.deleted, "dead_lettered": report.dead_lettered,
                       "redone": report.redone, "refenced": report.refenced, "outages": report.outages,
+                      "registry_outages": report.registry_outages,
                       "topics": dict(report.topics)}))
     return 0
 
 
 def cmd_relay_status(args: argparse.Namespace) -> int:
     from outbox.status import relay_status
+    from tidemark.settings import load_settings
 
     config, dsn, client = relay_of(args)
-    status = relay_status(config.relay, dsn=dsn, client_config=client)
+    status = relay_status(config.relay, dsn=dsn, client_config=client, registry=config.schema_registry,
+                          settings=load_settings())
     print(table(list(status.items()), ("relay", "state")))
     return 0

@@ -106,8 +106,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"pipelines": [s.to_dict() for s in statuses], "relay": relay}, indent=2))
         return 0
-    rows = [(s.name, "-" if s.lag is None else str(s.lag), s.last_batch, s.schema, s.quality, s.problem or "ok")
-            for s in statuses]
+    rows = [(s.name, "-" if s.lag is None else str(s.lag), s.last_batch, s.schema, s.quality,
+             s.problem or (f"holds back {s.held}" if s.held and s.lag else "ok")) for s in statuses]
     print(table(rows, ("pipeline", "lag (offsets)", "last batch", "schema", "last quality verdict", "state")))
     parts = [(s.name, f"{x.topic}[{x.partition}]", "-" if x.next_offset is None else str(x.next_offset),
               str(x.lso), str(x.lag)) for s in statuses for x in s.partitions]

@@ -8,6 +8,7 @@ picks a non-loopback address), few shuffle partitions, no UI.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,6 +20,8 @@ from infra.classpath import driver_class_path
 from tidemark.errors import StackError
 from tidemark.logs import ROTATE_BYTES, ROTATE_KEEP, SPARK_LOG, jvm_output_to_log
 from tidemark.settings import Settings
+
+log = logging.getLogger(__name__)
 
 LOG4J2 = Path(__file__).parent / "spark-log4j2.properties"
 LOG_STORE = "io.tidemark.delta.LocalListingLogStore"
@@ -163,8 +166,32 @@ def build_session(settings: Settings, app_name: str = "tidemark", *, warehouse: 
             raise StackError(f"the Spark driver's JVM exited as it started: {tail or 'no output'} "
                              f"(its output is in {log})") from None
     session.sparkContext.setLogLevel("WARN")
+    _ignore_stop_signals(session)
     udfs.register(session)
     return session
+
+
+def _ignore_stop_signals(session: SparkSession) -> None:
+    """Make the driver JVM ignore SIGTERM (PySpark's launch already makes it ignore SIGINT).
+
+    A service manager stops a service by signalling every process of it (systemd's
+    ``KillMode=control-group``), and ``timeout`` and a terminal signal the whole process
+    group: the JVM would die at once, under the batch in flight, and the Python side would
+    fail on a closed connection. Ignoring the signal leaves the stop to Tidemark's own
+    handler (:func:`tidemark.signals.stop_on_signals`): the batch in flight finishes, then
+    the session stops and its JVM with it. SIGKILL still ends it at any instant, which the
+    commit protocol recovers from.
+    """
+    jvm = session.sparkContext._jvm
+    if jvm is None:
+        return
+    try:
+        signal_class = jvm.sun.misc.Signal
+        ignore = session.sparkContext._gateway.jvm.sun.misc.SignalHandler.SIG_IGN
+        signal_class.handle(signal_class("TERM"), ignore)
+    except Exception as exc:  # noqa: BLE001 - a JVM without sun.misc.Signal: stops as before
+        log.warning("the Spark driver's JVM does not let SIGTERM be ignored (%s); a signal to the whole process "
+                    "group stops it under the batch in flight, which the next run recovers", exc)
 
 
 def reachable_heap(spark: SparkSession) -> int:

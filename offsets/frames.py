@@ -97,8 +97,11 @@ FrameBuilder = Callable[[Intent], BatchFrames]
 #: its ranges, or mark it guarded).
 Decide = Callable[[Intent, "Intent | None", Mapping[TP, "PartitionBounds"]], Intent]
 
-#: Step 4's revision of a guarded intent whose check failed: the same batch, decided without the guard.
-Revise = Callable[[Intent], Intent]
+#: Step 4's revision of a guarded intent whose check failed: a proposal for the same batch (its
+#: ranges re-planned from the same starts, the guarded intent's other decisions kept), the batch
+#: before it and the bounds it is planned to (None: the pipeline's own snapshot, now), to the
+#: proposal decided without the guard: cut by the planning scan.
+Revise = Callable[[Intent, "Intent | None", "Mapping[TP, PartitionBounds] | None"], Intent]
 
 #: Where partitions without a stored end start: given them, the bounds the batch is planned
 #: to, and whether the pipeline has committed a batch before (then they are new to a

@@ -32,16 +32,18 @@ ledger; docs/design.md has the table of every crash point between them):
    seek``: a batch with empty ranges at the new offsets) is not a rival run: the batch is
    dropped and the next one starts from the seek's ends. Meanwhile step 4's pass is built (analysed, not
    run) on a second thread: it has no side effect, and runs only if the claim is ours.
-4. **Commit.** Append the good rows to the target with ``txnAppId=<pipeline>``,
+4. **Commit.** (A batch that reads nothing and is no seek commits nothing: the ledger holds
+   all of it.) Append the good rows to the target with ``txnAppId=<pipeline>``,
    ``txnVersion=N+1`` and the offsets as ``userMetadata``, in one pass over Kafka that
    also counts the records read and the rows written (two Spark ``Observation``\ s; the
    difference is the bad records). This Delta commit is the
    batch's commit point: rows and offsets become visible together or not at all.
    A guarded intent's pass also evaluates the frames' ``guard`` on every record, and
    the first record it flags fails the Spark job, so nothing commits. The batch is then
-   **revised**: re-decided by the pipeline's ``revise`` (the scan and cut), appended to
-   the ledger as the batch's revision (which every later read of the ledger, a replay
-   included, takes instead), and step 4 runs again with it.
+   **revised**: planned again from the same starts by the pipeline's ``revise`` (the scan
+   and cut), its caps grown as step 2 grows them, so a revision moves on whenever a whole
+   transaction is readable; appended to the ledger as the batch's revision (which every
+   later read of the ledger, a replay included, takes instead), and step 4 runs again with it.
 5. **Quarantine.** Append the batch's bad records to the quarantine table with the same
    ``(txnAppId, txnVersion)`` (confirmed like step 4's, by its ``Observation``). Only a batch with bad records is read from Kafka a
    second time; a batch without any writes nothing there. Either way the batch is then
@@ -116,6 +118,9 @@ GUARD_CRASH_POINTS = ("revised",)
 #: How far step 2 may grow a batch's caps to take a source transaction whole (4x, 16x, then 64x).
 MAX_GROWTH = 64
 
+#: How far step 2 may grow a proposal whose cut keeps less than half the cap (2x, 4x, 8x).
+FILL_GROWTH = 8
+
 #: How long step 4 waits for its Observation before asking history instead.
 OBSERVATION_WAIT_SECONDS = 2.0
 
@@ -135,6 +140,16 @@ class BatchLimitError(TerminalError):
 
 class ConcurrentWriterError(TransientError):
     """Another run of the same pipeline claimed the batch first; this run stops."""
+
+
+@dataclass(frozen=True)
+class _Limits:
+    """What this run plans its batches to: the bounds snapshot and the caps (a revision's too)."""
+
+    bounds: Mapping[TP, PartitionBounds]
+    max_offsets: int
+    max_bytes: int | None = None
+    weights: Mapping[TP, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -165,6 +180,28 @@ def _completes(observation: Observation, timeout: float) -> bool:
             return False
         time.sleep(0.005)
     return True
+
+
+def _offsets(intent: Intent) -> int:
+    """The offsets ``intent``'s ranges span (what the record cap counts)."""
+    return sum(r.span for r in intent.ranges)
+
+
+def _observed(step: _Pass) -> tuple[int, int | None]:
+    """(rows written, bad records) of a pass that committed, from its Observations; (0, None: step 5
+    counts them) where they were not filled. A commit confirmed by history rather than by its
+    Observation may have its metrics lost with a stalled store's job events, and reading an
+    unfilled Observation blocks or fails inside Spark (an AssertionError in ``toPyRow``)."""
+    classic = getattr(getattr(step.kept, "_jo", None), "future", None) is not None
+    if classic and not (_completes(step.kept, 0.0) and _completes(step.read, 0.0)):
+        return 0, None
+    try:
+        rows = int(step.kept.get["rows"])
+        return rows, int(step.read.get["records"]) - rows
+    except Exception as exc:  # noqa: BLE001 - the commit stands; only its count is lost
+        log.warning("the committed batch's row counts could not be read (%s); its bad records are counted again",
+                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return 0, None
 
 
 class InjectedFault(Exception):
@@ -221,6 +258,8 @@ class CommitProtocol:
         target's new snapshot state on a thread, off the next batch's commit path."""
         self._warming: threading.Thread | None = None
         """The warm-up in flight, if any (:meth:`quiesce` waits for it)."""
+        self._limits: _Limits | None = None
+        """The bounds and caps of the batch being planned (None: a batch planned elsewhere, a backfill's)."""
         self.target_options: dict[str, str] = {}
         """Writer options of step 4's append to the target only: ``mergeSchema`` when the pipeline's
         schema evolution found the batch adds or widens columns (:mod:`pipelines.evolution`), so the
@@ -311,8 +350,13 @@ class CommitProtocol:
 
     def _write(self, intent: Intent, *, replayed: bool, prepared: _Pass | None = None) -> BatchResult:
         """Steps 4 and 5 of ``intent``, or of its revision if its guard trips (the result names which)."""
+        if intent.is_empty and intent.seek is None:
+            # Nothing read and no end moved (a wait's start, a new partition's start): the ledger
+            # holds all there is of it, and a version of the target would be an empty file.
+            self._reached("committed")
+            return BatchResult(intent, replayed, 0, 0)
         step = prepared if prepared is not None else self._prepare(intent)
-        # Always commit, even with no rows: the commit carries the offsets.
+        # Commit even a batch without good rows: the commit carries the offsets.
         try:
             landed = self._append(step.good, self.target, intent, partition_by=self.partition_by,
                                   observation=step.kept)
@@ -327,8 +371,7 @@ class CommitProtocol:
         if landed and intent.is_empty:
             rows, bad = 0, 0
         elif landed:
-            rows = int(step.kept.get["rows"])
-            bad = int(step.read.get["records"]) - rows
+            rows, bad = _observed(step)
         else:
             rows, bad = 0, None
         quarantined = self._quarantine(intent, step.frames, bad_count=bad)
@@ -346,7 +389,7 @@ class CommitProtocol:
                  intent.batch_id, why.group(1) if why else "a record belongs to a multi-event source transaction")
         # No revision is stored yet: step 1 would have read it instead of this guarded claim
         # (unless a rival's replay is revising it right now, which Delta settles below).
-        revised = self.revise(intent)  # never guarded: Ledger.append refuses a guarded revision
+        revised = self._replanned(intent)  # never guarded: Ledger.append refuses a guarded revision
         seen = Observation(f"tidemark-revision-{self.pipeline}-{intent.batch_id}-{uuid.uuid4().hex[:8]}")
         try:
             committed = self.ledger.append(revised, write=uuid.uuid4().hex, revision=True, observation=seen)
@@ -360,6 +403,34 @@ class CommitProtocol:
             raise TransientError(f"batch {intent.batch_id}: its revision is not in the ledger {self.ledger.path} "
                                  "yet; run again (the next run revises it or reads it)")
         return stored
+
+    def _replanned(self, guarded: Intent) -> Intent:
+        """``guarded``'s batch planned again by the pipeline's ``revise``, from the same starts.
+
+        Not a cut of the guarded ranges: those were cut without the transactions that tripped
+        the guard, so the first of them can sit at the ranges' very start, and a cut within
+        them would leave nothing, batch after batch. The caps grow as in step 2 instead
+        (:meth:`_plan`). The manifest cursor is dropped: the read it came from missed what
+        tripped the guard, so the next batch finds its manifest records again by time.
+        """
+        assert self.revise is not None
+        revise = self.revise
+        kept = replace(guarded, guarded=False, manifest=None)
+        limits = self._limits
+        starts = {r.tp: r.start for r in guarded.ranges}
+        if limits is None or not set(starts) <= set(limits.bounds):
+            return revise(kept, self.ledger.get(guarded.batch_id - 1) if guarded.batch_id > 1 else None, None)
+        last = self.ledger.get(guarded.batch_id - 1) if guarded.batch_id > 1 else None
+        bounds = {tp: limits.bounds[tp] for tp in starts}
+        weights = None if limits.weights is None else {tp: w for tp, w in limits.weights.items() if tp in starts}
+
+        def decide(proposal: Intent, before: Intent | None, to: Mapping[TP, PartitionBounds]) -> Intent:
+            return revise(replace(kept, ranges=proposal.ranges), before, to)
+
+        revised = self._plan(guarded.batch_id, last, bounds, starts, limits.max_offsets, limits.max_bytes, weights,
+                             decide=decide)
+        # Decided proposals keep the guarded intent's decisions; an empty one comes back undecided.
+        return revised if revised.planned_at == guarded.planned_at else replace(kept, ranges=revised.ranges)
 
     def _quarantine(self, intent: Intent, frames: BatchFrames, *, bad_count: int | None) -> int:
         """Step 5. ``bad_count`` None means unknown (a recovery): the batch is read again to count."""
@@ -437,6 +508,7 @@ class CommitProtocol:
         With ``max_bytes``, ``sizes`` estimates the bytes per offset of each partition's
         ``(start, end)`` for the plan (``connectors.sizes.bytes_per_offset``).
         """
+        self._limits = _Limits(bounds, max_offsets, max_bytes)
         # Step 1. Recover.
         last, replay = self.recover()
         self._reached("recovered")
@@ -451,6 +523,7 @@ class CommitProtocol:
             # Only readable starts: one below the log start is the planner's to report (retention loss).
             readable = {tp: (previous.get(tp, starts.get(tp, b.stable_end)), b.stable_end) for tp, b in bounds.items()}
             weights = sizes({tp: r for tp, r in readable.items() if r[0] >= bounds[tp].log_start})
+        self._limits = replace(self._limits, weights=weights)
         intent = self._plan(next_id, last, bounds, starts, max_offsets, max_bytes, weights)
         if intent.is_empty and set(bounds) <= set(previous) and not intent.starts_waiting(last):
             return replay, None
@@ -471,8 +544,8 @@ class CommitProtocol:
 
     def _plan(self, batch_id: int, last: Intent | None, bounds: Mapping[TP, PartitionBounds],
               starts: Mapping[TP, int], max_offsets: int, max_bytes: int | None = None,
-              weights: Mapping[TP, float] | None = None) -> Intent:
-        """Step 2: ranges within the cap, then the pipeline's decisions.
+              weights: Mapping[TP, float] | None = None, decide: Decide | None = None) -> Intent:
+        """Step 2: ranges within the cap, then the pipeline's decisions (``decide``, default the pipeline's).
 
         If the cut leaves nothing, a source transaction is larger than the caps let a
         batch be: the caps grow fourfold until one fits whole, so a big transaction does
@@ -481,19 +554,39 @@ class CommitProtocol:
         everything readable, if less). Past it, a batch held back only by a transaction
         waiting for missing events stays empty (the wait is the reason); one held back by
         sheer size stops the run with :class:`BatchLimitError`, never a batch without bound.
+
+        If the cut keeps less than half the cap, the proposal doubles (up to
+        :data:`FILL_GROWTH` times) while its cut still fits the cap: a cap split evenly over
+        partitions that fill at different rates ends them at different moments, and the cut
+        falls back to the earliest, so a small cap would otherwise land a fraction of itself
+        per batch. Ends only grow with the proposal, so the largest cut that fits is kept.
         """
         planned_at = now_utc()
         previous = last.ends() if last else {}
+        decide = decide or self.decide
         cap, byte_cap = max_offsets, max_bytes
+        fits: Intent | None = None
+        """The largest non-empty cut within the caps so far (the fill growth's fallback)."""
         while True:
             ranges = plan_ranges(previous, bounds, starts, cap, max_bytes=byte_cap, bytes_per_offset=weights)
             intent = Intent(self.pipeline, batch_id, self.writer_id, planned_at, ranges)
-            if self.decide is None or intent.is_empty:
+            if decide is None or intent.is_empty:
                 return intent
-            decided = self.decide(intent, last, bounds)
+            decided = decide(intent, last, bounds)
             readable = sum(b.stable_end - (previous[tp] if tp in previous else starts[tp])
                            for tp, b in bounds.items())
-            if not decided.is_empty or cap >= readable and byte_cap is None:
+            everything = cap >= readable and byte_cap is None
+            if not decided.is_empty:
+                size = _offsets(decided)
+                if fits is not None and size > max_offsets:
+                    return fits
+                if everything or fits is None and cap > max_offsets or size * 2 >= max_offsets \
+                        or cap >= max_offsets * FILL_GROWTH:
+                    return decided
+                fits, cap = decided, cap * 2
+                byte_cap = None if byte_cap is None else byte_cap * 2
+                continue
+            if everything:
                 return decided
             if cap >= max_offsets * MAX_GROWTH:
                 if decided.waiting:
@@ -512,6 +605,7 @@ class CommitProtocol:
         The batch keeps its id (``txnVersion``), so ids must be fed in increasing order;
         an id the target already holds is skipped, which makes a re-run resume.
         """
+        self._limits = None
         last, replay = self.recover()
         self._reached("recovered")
         if last is not None and planned.batch_id <= last.batch_id:

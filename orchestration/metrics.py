@@ -69,12 +69,17 @@ class Metrics:
         self.kafka_down = Gauge("tidemark_ingest_kafka_down", "1 while a follower waits for Kafka to answer again",
                                 ["pipeline"], registry=r)
 
+        self.stalled = Gauge("tidemark_ingest_stalled_seconds", "Seconds a follower has moved no offset while its "
+                             "partitions held data past its ends (0 while it moves or has nothing to read)",
+                             ["pipeline"], registry=r)
+
     def count_batches(self, pipeline: str) -> None:
         """Show ``pipeline``'s batch counters at 0 from the start (a series that appears only at its first
         increment hides that first increase from ``rate()``)."""
         for counter in (self.batches, self.rows, self.quarantined, self.offsets, self.released, self.kafka_outages):
             counter.labels(pipeline)
         self.kafka_down.labels(pipeline).set(0)
+        self.stalled.labels(pipeline).set(0)
         self.duration.labels(pipeline)
 
     def kafka_outage(self, pipeline: str, down: bool) -> None:
@@ -169,6 +174,8 @@ _RELAY_COUNTERS = (
     ("dead_lettered", "tidemark_relay_dead_lettered_transactions", "Source transactions moved to the dead letters"),
     ("redone", "tidemark_relay_redone_groups", "Groups relayed again after an abort or an unknown commit outcome"),
     ("outages", "tidemark_relay_outages", "Times Kafka was unavailable and the relay stepped back"),
+    ("registry_outages", "tidemark_relay_registry_outages", ("Times the schema registry did not answer a lookup "
+     "the relay needed and it waited")),
 )
 
 
@@ -191,6 +198,10 @@ class _RelayCollector(Collector):
                 family = CounterMetricFamily(name, text, labels=["relay"])
                 family.add_metric(rid, getattr(report, attr))
                 yield family
+            down = GaugeMetricFamily("tidemark_relay_registry_down", "1 while the relay waits for the schema "
+                                     "registry to answer a lookup it needs", labels=["relay"])
+            down.add_metric(rid, 1.0 if report.registry_down else 0.0)
+            yield down
             if self.live.position is not None:
                 position = GaugeMetricFamily("tidemark_relay_position_lsn", "The end LSN of the last source "
                                              "transaction in Kafka (the relay's position)", labels=["relay"])

@@ -34,6 +34,9 @@ class PipelineStatus:
     """Per role (target, quarantine, ledger) that exists: versions, files, bytes, oldest readable version."""
     maintained: str = "never"
     """When ``tidemark maintain`` last finished, and its retention."""
+    held: str | None = None
+    """What the newest batch holds back (G3): source transactions waiting for missing events, and
+    those whole in Kafka left for a later batch; None when nothing is held."""
     schema: str = "-"
     """What the newest batch decoded with (``format: avro``: the subject's schema ids) and how many
     columns the target's schema has now."""
@@ -62,12 +65,30 @@ def pipeline_status(ctx: PipelineContext, quality_dir: Path) -> PipelineStatus:
             status.last_batch = (f"#{last.batch_id} planned {last.planned_at.isoformat(timespec='seconds')}, "
                                  f"{sum(r.span for r in last.ranges)} offsets")
         status.partitions = partition_lags(ctx.client_config, p, last.ends() if last else {})
+        status.held = held_back(last)
     except TidemarkError as exc:
         status.problem = str(exc).splitlines()[0]
         last = None
     _table_shapes(status, ctx)
     status.schema = schema_summary(p.format, last, status.tables.get("target"))
     return status
+
+
+def held_back(last: Intent | None) -> str | None:
+    """What ``last`` left for later batches, in a line: the transactions missing events (by id,
+    with when their wait began) and how many whole ones a cut left for the next batch."""
+    if last is None or not (last.waiting or last.held):
+        return None
+    parts = []
+    if last.waiting:
+        oldest = min(w.since for w in last.waiting.values())
+        parts.append(f"{len(last.waiting)} source transaction(s) missing events since "
+                     f"{oldest.isoformat(timespec='seconds')}: " + ", ".join(sorted(last.waiting)[:3])
+                     + (" ..." if len(last.waiting) > 3 else ""))
+    whole = last.held - len(last.waiting)
+    if whole > 0:
+        parts.append(f"{whole} whole one(s) left for the next batch")
+    return "; ".join(parts)
 
 
 def schema_summary(fmt: str, last: Intent | None, target: TableShape | None) -> str:

@@ -45,6 +45,86 @@ _SCHEMA_MOVED = re.compile(r"DELTA_METADATA_MISMATCH|DELTA_FAILED_TO_MERGE_FIELD
 #: The longest a follower waits between probes of a Kafka that does not answer (1, 2, 4 ... s before).
 OUTAGE_MAX_WAIT_SECONDS = 30.0
 
+#: How long a one-shot run (``tidemark ingest``, a scheduled run) waits out an outage in all
+#: before it stops with exit 75, saying so.
+ONE_SHOT_PATIENCE_SECONDS = 60.0
+
+#: What in a failed Spark job's text says a request to the object store failed (S3A's client
+#: errors, timeouts of its connections), rather than Tidemark or Kafka.
+_STORE_FAILURES = ("AWSClientIOException", "SdkClientException", "AWSStatus500Exception", "ApiCallTimeoutException",
+                   "ApiCallAttemptTimeoutException", "SocketTimeoutException", "ConnectTimeoutException",
+                   "AWSServiceThrottledException", "Unable to execute HTTP request")
+
+#: How long a follower may move no offset while its partitions hold data past its ends before
+#: it warns (and again each time as long): an INFO line a batch is not enough for a stop.
+STALL_WARN_SECONDS = 30.0
+
+
+class _Outages:
+    """A run's waits for a server that does not answer: the lines an operator reads, the metrics
+    hook, and the backoff (1, 2, 4 ... up to :data:`OUTAGE_MAX_WAIT_SECONDS` s)."""
+
+    def __init__(self, job: IngestJob) -> None:
+        self.job = job
+        self.waits = 0
+        self.waited = 0.0
+        self.what = "Kafka"
+        self.cause = ""
+        self.kafka_down = False
+
+    def failed(self, exc: Exception) -> float:
+        """The pause before the next try after ``exc``; re-raises what is no outage."""
+        found = self.job.outage_cause(exc)
+        if found is None:
+            raise exc
+        self.what, self.cause = found
+        self.waits += 1
+        if (self.what == "Kafka") != self.kafka_down:  # the Kafka gauge follows what is down now
+            self.kafka_down = not self.kafka_down
+            self.job._outage(self.kafka_down)
+        pause = min(OUTAGE_MAX_WAIT_SECONDS, 2.0 ** min(self.waits, 5))
+        log.warning("%s; waiting %.0f s for %s, then the batch in flight is recovered and tried again "
+                    "(outage wait %d)", self.cause, pause, self.what, self.waits)
+        self.job.protocol.forget()
+        return pause
+
+    def answered(self) -> None:
+        if not self.waits:
+            return
+        log.warning("%s answers again after %d outage wait(s); going on", self.what, self.waits)
+        if self.kafka_down:
+            self.job._outage(False)
+        self.waits, self.waited, self.kafka_down = 0, 0.0, False
+
+
+@dataclass
+class _Stall:
+    """Since when a follower's offsets have not moved while data waited, and when it last warned."""
+
+    since: float | None = None
+    warned: float = 0.0
+
+    def seen(self, now: float, *, moved: bool) -> float:
+        """Seconds stalled after one step (0: it moved, or nothing waits)."""
+        if moved:
+            self.since = None
+            self.warned = 0.0
+            return 0.0
+        self.since = now if self.since is None else self.since
+        return now - self.since
+
+    def due(self, now: float) -> bool:
+        """Whether to warn now: first at the threshold, then every :data:`STALL_WARN_SECONDS`."""
+        if now - self.warned < STALL_WARN_SECONDS:
+            return False
+        self.warned = now
+        return True
+
+
+def _partitions(behind: Mapping[TP, tuple[int, int]]) -> str:
+    shown = ", ".join(f"{t}[{p}] (at {end}, LSO {lso})" for (t, p), (end, lso) in sorted(behind.items())[:6])
+    return f"partition(s) {shown}" + (f" and {len(behind) - 6} more" if len(behind) > 6 else "")
+
 
 @dataclass
 class IngestReport:
@@ -75,6 +155,11 @@ class IngestJob:
         """Explicit start offsets of new partitions (a backfill), instead of the start policy."""
         self.on_outage: Callable[[bool], None] | None = None
         """Called when a follower starts waiting for Kafka (True) and when Kafka answers again (False)."""
+        self.on_stall: Callable[[float], None] | None = None
+        """Called after each follower step with the seconds its offsets have not moved while data waited
+        past them (0 once they move): the stall gauge."""
+        self.planned: Intent | None = None
+        """The newest decided plan (its waits and held count name what a stalled follower waits on)."""
         self.on_batch: Callable[[BatchResult, float], None] | None = None
         """Called after each committed batch with its seconds (metrics); a replay found at start counts
         its own call's seconds only when no new batch followed it in the same call."""
@@ -85,8 +170,9 @@ class IngestJob:
         """The consumers this run's manifest reads share (:meth:`_run_scope`)."""
         self._admin: KafkaAdmin | None = None
         """The admin client this run's snapshots share (:meth:`_run_scope`)."""
-        self._listed: dict[int, transactions.RelayRanges] = {}
-        """Per batch cut from the manifest: what it listed (its write's guard lets those transactions be)."""
+        self._listed: dict[tuple[int, tuple[object, ...]], transactions.RelayRanges] = {}
+        """Per batch cut from the manifest (its id and ranges: step 2 may decide several proposals of one
+        batch): what it listed (its write's guard lets those transactions be)."""
         self.registry = Registry(config.schema_registry, load_settings()) if pipeline.uses_registry else None
         """Where an Avro or Protobuf pipeline's schemas are read (:mod:`pipelines.subjects`)."""
         self._checked_schemas: Schemas | None = None
@@ -121,14 +207,15 @@ class IngestJob:
                                               self._manifest_reads)
             if read is not None and read.listed:
                 intent = transactions.cut_listed(self.pipeline, intent, read, bounds, last)
-                self._listed[intent.batch_id] = read.relays
+                self._listed[(intent.batch_id, intent.ranges)] = read.relays
             elif self._guess_no_multi_event(intent, last):
                 carried = None if read is None else (read.start, read.end, read.next_cursor(intent.ends()))
                 intent = replace(intent, guarded=True, waiting=last.waiting if last else {}, manifest=carried)
-                self._listed[intent.batch_id] = ()
+                self._listed[(intent.batch_id, intent.ranges)] = ()
             else:
                 intent = transactions.cut(self.client_config, self.pipeline, intent, bounds, last)
         self.held = intent.held
+        self.planned = intent
         if self.registry is not None:
             topics = (r.topic for r in intent.ranges)
             intent = replace(intent, schemas=subjects.plan(self.registry, self.pipeline, topics))
@@ -141,9 +228,11 @@ class IngestJob:
         """What the manifest listed for a batch cut from it (read again for a batch planned by another run)."""
         if not intent.guarded or intent.manifest is None:
             return ()
-        if intent.batch_id not in self._listed:
-            self._listed[intent.batch_id] = transactions.listed_ranges(self.client_config, self.pipeline, intent)
-        return self._listed[intent.batch_id]
+        key = (intent.batch_id, intent.ranges)
+        if key not in self._listed:
+            self._listed = {k: v for k, v in self._listed.items() if k[0] >= intent.batch_id}  # older: done
+            self._listed[key] = transactions.listed_ranges(self.client_config, self.pipeline, intent)
+        return self._listed[key]
 
     def _guess_no_multi_event(self, intent: Intent, last: Intent | None) -> bool:
         """Whether to write ``intent`` guarded rather than scan it first (``transactions.scan: auto``).
@@ -162,10 +251,11 @@ class IngestJob:
             return False
         return not transactions.probe(self.client_config, self.pipeline, intent)
 
-    def _revise(self, intent: Intent) -> Intent:
-        """A guarded batch whose write met a multi-event transaction: the scan and cut, other decisions kept."""
-        last = self.protocol.ledger.get(intent.batch_id - 1) if intent.batch_id > 1 else None
-        revised = transactions.cut(self.client_config, self.pipeline, intent, self.snapshot(), last)
+    def _revise(self, proposal: Intent, last: Intent | None, bounds: Mapping[TP, PartitionBounds] | None) -> Intent:
+        """A guarded batch whose write met a multi-event transaction, proposed again: the scan and
+        cut, the guarded intent's other decisions kept."""
+        revised = transactions.cut(self.client_config, self.pipeline, proposal,
+                                   self.snapshot() if bounds is None else bounds, last)
         self.held = revised.held
         return revised
 
@@ -256,7 +346,8 @@ class IngestJob:
 
     def _evolve_to(self, batch_schema: Callable[[], StructType], what: str) -> SchemaChange:
         """What writing batches of ``batch_schema()`` does to the target (:func:`pipelines.evolution.compare`,
-        which raises on a change the pipeline refuses); type widening turned on if it widens."""
+        which raises on a change the pipeline refuses, a widening it has not opted into included);
+        type widening turned on if it widens."""
         from offsets.tables import delta_table_exists
 
         pipeline = self.pipeline
@@ -264,7 +355,8 @@ class IngestJob:
             return SchemaChange()  # the first batch creates it with its own schema
         table = self.spark.read.format("delta").load(pipeline.target).schema
         change = compare(table, batch_schema(), pipeline.schema_evolution, pipeline=pipeline.name,
-                         target=pipeline.target, partition_by=pipeline.partition_by)
+                         target=pipeline.target, partition_by=pipeline.partition_by,
+                         type_widening=pipeline.type_widening)
         if change.widened:
             self._allow_widening()
         if change.alters_table or change.kept:
@@ -274,15 +366,18 @@ class IngestJob:
 
     def _allow_widening(self) -> None:
         """Turn on Delta's type widening on the target, unless it is on (a commit of its own, which
-        changes no schema and no data: a crash after it leaves only the feature on)."""
+        changes no schema and no data: a crash after it leaves only the feature on). Only for a
+        pipeline with ``type_widening: allow``: readers without the feature lose the table."""
         from delta.tables import DeltaTable
+
+        from pipelines.evolution import WIDENING_READERS
 
         target = self.pipeline.target
         detail = DeltaTable.forPath(self.spark, target).detail().select("properties").first()
         if detail is not None and str(detail[0].get("delta.enableTypeWidening", "")).lower() == "true":
             return
-        log.warning("pipeline %s: turning on Delta's type widening on %s (delta.enableTypeWidening); its readers "
-                    "need type widening support (delta-spark 3.3 or later)", self.pipeline.name, target)
+        log.warning("pipeline %s: turning on Delta's type widening on %s (delta.enableTypeWidening, "
+                    "type_widening: allow); its %s", self.pipeline.name, target, WIDENING_READERS)
         quoted = target.replace("`", "``")
         self.spark.sql(f"ALTER TABLE delta.`{quoted}` SET TBLPROPERTIES ('delta.enableTypeWidening' = 'true')")
 
@@ -323,6 +418,8 @@ class IngestJob:
             log.info("batch %d committed: %d rows, %d quarantined (%s)",
                      result.intent.batch_id, result.rows, result.quarantined, self._timing())
             report.batches.append(result)
+            if result.intent.is_empty:
+                break  # it moved no offset (a wait's or a partition's start): the next one would not either
         return report
 
     def _reached(self, step: str) -> None:
@@ -337,48 +434,89 @@ class IngestJob:
         return ", ".join(f"{names.get(step, step)} {at - before:.2f}s"
                          for (_, before), (step, at) in zip(self._marks, self._marks[1:], strict=False))
 
-    def run_bounded(self) -> IngestReport:
+    def run_bounded(self, patience: float = ONE_SHOT_PATIENCE_SECONDS) -> IngestReport:
+        """Batches up to the LSOs of one snapshot, then return. An outage (Kafka, the schema
+        registry, the object store) is waited out for ``patience`` seconds in all, then stops the
+        run with a :class:`TransientError` that says so; what was committed stays."""
         columns_ahead(self.spark, self.pipeline)  # built while the snapshot asks Kafka
-        return self.run_to(self.snapshot())
+        outages = _Outages(self)
+        report = IngestReport()
+        bounds: dict[TP, PartitionBounds] | None = None
+        with self._run_scope():
+            while True:
+                try:
+                    bounds = self.snapshot() if bounds is None else bounds
+                    report.batches += self.run_to(bounds).batches
+                    outages.answered()
+                    return report
+                except Exception as exc:
+                    pause = outages.failed(exc)
+                    if outages.waited + pause > patience:
+                        raise TransientError(
+                            f"pipeline {self.pipeline.name!r}: {outages.what} did not answer for {outages.waited:.0f} s "
+                            f"({outages.cause}); this run stops after committing {len(report.batches)} batch(es). "
+                            "Run it again once it answers: the batch in flight is recovered") from exc
+                    time.sleep(pause)
+                    outages.waited += pause
 
     def follow(self, stop: threading.Event) -> IngestReport:
-        """Micro-batches until ``stop`` is set; the batch in flight always finishes first."""
+        """Micro-batches until ``stop`` is set; the batch in flight always finishes first. An outage
+        (Kafka, the schema registry, the object store) is waited out, however long."""
         self.protocol.keep_warm = True
         columns_ahead(self.spark, self.pipeline)
         report = IngestReport()
-        waits = 0
-        waiting_for = "Kafka"
+        outages = _Outages(self)
+        stall = _Stall()
         with self._run_scope():
             try:
                 while not stop.is_set():
                     try:
-                        step = self.run_to(self.snapshot(), stop)
-                    except Exception as exc:
-                        registry = isinstance(exc, RegistryUnavailableError)
-                        lost = str(exc) if registry else self._kafka_lost(exc)
-                        if lost is None:
-                            raise
-                        waits += 1
-                        waiting_for = "the schema registry" if registry else "Kafka"
-                        if waits == 1 and not registry:
-                            self._outage(True)
-                        pause = min(OUTAGE_MAX_WAIT_SECONDS, 2.0 ** min(waits, 5))
-                        log.warning("%s; waiting %.0f s, then the batch in flight is recovered and tried again "
-                                    "(outage wait %d)", lost, pause, waits)
-                        self.protocol.forget()
-                        stop.wait(pause)
+                        bounds = self.snapshot()
+                        step = self.run_to(bounds, stop)
+                    except Exception as exc:  # noqa: BLE001 - failed() re-raises all but an outage
+                        stop.wait(outages.failed(exc))
                         continue
-                    if waits:
-                        log.warning("%s answers again after %d outage wait(s); going on", waiting_for, waits)
-                        if waiting_for == "Kafka":
-                            self._outage(False)
-                        waits = 0
+                    outages.answered()
                     report.batches += step.batches
+                    self._watch_stall(stall, step, bounds)
                     if not step.batches:
                         stop.wait(self.pipeline.trigger_interval_seconds)
             finally:
                 self.protocol.quiesce()
         return report
+
+    def _watch_stall(self, stall: _Stall, step: IngestReport, bounds: Mapping[TP, PartitionBounds]) -> None:
+        """Warn when no offset has moved for :data:`STALL_WARN_SECONDS` while data waits past the ends."""
+        now = time.monotonic()
+        moved = any(not b.intent.is_empty for b in step.batches)
+        last = next((b.intent for b in reversed(step.batches)), None) or self.planned
+        behind = {} if last is None else {tp: (end, bounds[tp].stable_end) for tp, end in last.ends().items()
+                                          if tp in bounds and bounds[tp].stable_end > end}
+        seconds = stall.seen(now, moved=moved or not behind)
+        if self.on_stall is not None:
+            try:
+                self.on_stall(seconds)
+            except Exception:  # metrics must not stop ingestion
+                log.exception("metrics: recording a stall failed")
+        if seconds >= STALL_WARN_SECONDS and stall.due(now):
+            log.warning("pipeline %s: no offset has moved for %.0f s although %s hold data past its ends: %s",
+                        self.pipeline.name, seconds, _partitions(behind), self._waiting_on())
+
+    def _waiting_on(self) -> str:
+        """What the newest plan holds back, for the stall warning."""
+        plan = self.planned
+        if plan is None:
+            return "no plan decided yet"
+        parts = []
+        if plan.waiting:
+            names = ", ".join(f"{txn} (since {w.since.isoformat(timespec='seconds')})"
+                              for txn, w in sorted(plan.waiting.items())[:5])
+            parts.append(f"{len(plan.waiting)} source transaction(s) missing events below the LSO, released or "
+                         f"refused after transactions.incomplete_timeout_seconds: {names}")
+        if plan.held > len(plan.waiting):
+            parts.append(f"{plan.held - len(plan.waiting)} source transaction(s) whole in Kafka held for a "
+                         "later batch")
+        return "; ".join(parts) or "nothing held (docs/operations.md, 'A follower that does not move')"
 
     def _outage(self, down: bool) -> None:
         if self.on_outage is not None:
@@ -387,20 +525,53 @@ class IngestJob:
             except Exception:  # metrics must not stop ingestion
                 log.exception("metrics: recording an outage failed")
 
-    def _kafka_lost(self, exc: Exception) -> str | None:
-        """Why the follower should wait rather than stop: Kafka does not answer a probe now. None for
-        anything else, which stops the follower as before (a rival run, a refusal, a bug)."""
+    def outage_cause(self, exc: Exception) -> tuple[str, str] | None:
+        """What ``exc`` says is down, and why, if it is an outage to wait out rather than a reason to
+        stop: (``Kafka`` | ``the schema registry`` | ``the object store``, one line). None for
+        anything else (a rival run, a refusal, bad config, a bug), which stops the run."""
+        from connectors.kafka_errors import retriable_cause
         from connectors.preflight import check_access
         from offsets.protocol import ConcurrentWriterError
         from tidemark.errors import ServiceUnavailableError, TerminalError
 
+        if isinstance(exc, RegistryUnavailableError):
+            return "the schema registry", str(exc)
         if isinstance(exc, ConcurrentWriterError) or (isinstance(exc, TerminalError)
                                                       and not isinstance(exc, ServiceUnavailableError)):
             return None
+        store = self._store_lost(exc)
+        if store is not None:
+            return "the object store", store
+        cause = retriable_cause(exc)
+        if cause is not None:
+            return "Kafka", f"Kafka answered with a retriable error ({cause})"
+        if isinstance(exc, ServiceUnavailableError):
+            return "Kafka", str(exc)
         try:
             check_access(self.client_config)
         except ServiceUnavailableError as probe:
-            return str(probe)
+            return "Kafka", str(probe)
         except Exception:  # noqa: BLE001  (a refusal, not an outage: the original error stands)
             return None
         return None
+
+    def _store_lost(self, exc: Exception) -> str | None:
+        """Why a failure of a pipeline on object storage is the store's: it does not answer a probe
+        now, or the failure is a request to it that failed or timed out. None otherwise."""
+        from tidemark.errors import ServiceUnavailableError
+        from tidemark.storage import check_reachable, on_s3
+
+        paths = [p for p in (self.pipeline.target, self.pipeline.quarantine_path, self.pipeline.ledger_path)
+                 if on_s3(p)]
+        if not paths:
+            return None
+        try:
+            check_reachable(paths)
+        except ServiceUnavailableError as probe:
+            return str(probe)
+        text = str(exc)
+        marker = next((m for m in _STORE_FAILURES if m in text), None)
+        if marker is None:
+            return None
+        line = next((ln.strip() for ln in text.splitlines() if marker in ln), marker)
+        return f"a request to the object store failed during the batch ({line[:300]})"

@@ -305,6 +305,8 @@ class Writers:
     rollback_rate: float = 0.15
     pause: float = 0.0
     seed: int = 7
+    weights: tuple[float, ...] | None = None
+    """Relative share of each aggregate type (topic) in :data:`AGGREGATES`; None: even."""
     committed: list[SourceTxn] = field(default_factory=list)
     rolled_back: set[str] = field(default_factory=set)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -324,7 +326,7 @@ class Writers:
             for key in keys:
                 cur.execute(f"UPDATE {self.setup.keys_table} SET seq = seq + 1 WHERE key = %s RETURNING seq", (key,))
                 seq = int(cur.fetchone()[0])
-                aggregate = rng.choice(AGGREGATES)
+                aggregate = rng.choices(AGGREGATES, self.weights)[0] if self.weights else rng.choice(AGGREGATES)
                 eid = add_event(cur, aggregate, key, "Changed", {"key": key, "seq": seq}, table=self.setup.table)
                 events.append((str(eid), key, seq, aggregate))
         if rollback:

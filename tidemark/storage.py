@@ -236,10 +236,15 @@ def check_reachable(paths: Iterable[str], s: Settings | None = None) -> None:
         pass  # it answered (403 to an anonymous request is an answer)
     except (OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
-        hint = ("start the embedded server: `tidemark stack up` (with TIDEMARK_STORAGE=s3)" if access.embedded
-                else f"check {access.setting} and that the server runs")
+        if isinstance(reason, ConnectionRefusedError):  # nothing listens: not running
+            hint = ("start the embedded server: `tidemark stack up` (with TIDEMARK_STORAGE=s3)" if access.embedded
+                    else f"check {access.setting} and that the server runs")
+            raise ServiceUnavailableError(f"the S3 endpoint {access.url} ({access.setting}) refuses connections: "
+                                          f"no server runs there; {hint}") from None
+        # Connected, or tried to, and no answer came: a server that runs but is stuck or slow.
         raise ServiceUnavailableError(f"the S3 endpoint {access.url} ({access.setting}) did not answer within "
-                                      f"{REACH_SECONDS:.0f} s: {reason}; {hint}") from None
+                                      f"{REACH_SECONDS:.0f} s ({reason}): its server is stuck, overloaded or "
+                                      "unreachable") from None
     s3_access(s)  # the credentials can be found
 
 

@@ -21,7 +21,13 @@ from offsets.ledger import TP, Intent
 from pipelines.transactions import consumers as pool
 from pipelines.transactions.consumers import ManifestConsumers
 from pipelines.transactions.headers import topic_filter
-from pipelines.transactions.manifest_records import proposal_limits, read_record, relay_ranges, topic_memo
+from pipelines.transactions.manifest_records import (
+    Frontier,
+    proposal_limits,
+    read_record,
+    relay_ranges,
+    topic_memo,
+)
 from tidemark.config import PipelineConfig
 
 log = logging.getLogger(__name__)
@@ -38,10 +44,10 @@ def read_manifest(client_config: Mapping[str, str], pipeline: PipelineConfig, in
                   cursor: int | None, consumers: ManifestConsumers | None = None) -> ManifestRead | None:
     """The manifest records that list transactions with events in ``intent``'s ranges, or None (no manifest).
 
-    Reads from ``cursor`` (the previous batch's next cursor; for a first batch, from the
-    records a little older than the ranges' first records) until it has passed the high
-    watermark seen at the start, or every relay it met has written two records entirely
-    past the ranges (a relay's records follow its events' order), or an open relay
+    Reads from ``cursor`` (the previous batch's next cursor; for a first batch, or after a
+    batch the scan revised, from the records a little older than the ranges' first records)
+    until it has passed the high watermark seen at the start, or every relay it met has
+    passed the end of every partition the ranges read (:class:`Frontier`), or an open relay
     transaction holds it for :data:`MANIFEST_WAIT_SECONDS`. Stopping early costs nothing
     in correctness: the batch's write rejects any multi-event transaction the read did not list.
     ``consumers``: the job's, kept across its batches; without them, new ones closed after the read.
@@ -83,7 +89,7 @@ def _read_manifest(consumers: ManifestConsumers, pipeline: PipelineConfig, inten
     listed: list[Listed] = []
     by_relay: dict[str, list[str]] = {}
     records: list[tuple[int, tuple[tuple[TP, int], ...]]] = []
-    streak: dict[bytes, int] = {}
+    frontier = Frontier(intent)
     position = cursor
     reader = consumers.get("read_committed")
     reader.assign([TopicPartition(topic, 0, cursor)])
@@ -101,15 +107,16 @@ def _read_manifest(consumers: ManifestConsumers, pipeline: PipelineConfig, inten
                     consumers.close()
                     return None
             elif m is not None and m.offset() >= cursor:  # (below: fetched for an earlier read)
-                relay, found, ids, lasts, beyond = read_record(m, limits, mine, starts, ends)
+                relay, found, ids, lasts, _ = read_record(m, limits, mine, starts, ends)
                 listed += found
                 by_relay.setdefault(relay, []).extend(ids)
                 records.append((m.offset(), lasts))
-                streak[m.key() or b""] = streak.get(m.key() or b"", 0) + 1 if beyond else 0
+                if relay:
+                    frontier.see(relay, lasts)
             now = reader.position([TopicPartition(topic, 0)])[0].offset
             if now > position:
                 position, progress = now, time.monotonic()
-            if streak and min(streak.values()) >= 2:
+            if frontier.reached():
                 break
             if time.monotonic() - progress > MANIFEST_WAIT_SECONDS:
                 break

@@ -158,6 +158,32 @@ def _take(txns: list[Any], limits: Limits, mine: Callable[[str], bool], starts: 
     return listed, [t.txn for t in listed if isinstance(t, ListedTxn)], lasts, beyond
 
 
+class Frontier:
+    """Where a manifest read of a proposal may stop: once every relay met has passed every
+    partition the proposal reads something of.
+
+    A relay's records follow its events' order, so once one of its records has an event at
+    or past a partition's end, none of its later records has an event of that partition
+    inside the proposal. Until it has passed every such partition, a later record of it may
+    still list a transaction inside: a proposal capped unevenly ends at very different
+    moments per partition, and records entirely past one partition's end can come before
+    records inside another's. (A relay not met yet is not known; the batch's guard covers it.)
+    """
+
+    def __init__(self, intent: Intent) -> None:
+        self.ends = {r.tp: r.end for r in intent.ranges}
+        self.reading = frozenset(r.tp for r in intent.ranges if r.span)
+        self.passed: dict[str, set[TP]] = {}
+
+    def see(self, relay: str, lasts: tuple[tuple[TP, int], ...]) -> None:
+        """A record of ``relay`` whose spans end at ``lasts`` (per partition, an event's offset)."""
+        passed = self.passed.setdefault(relay, set())
+        passed.update(tp for tp, last in lasts if tp in self.ends and last >= self.ends[tp])
+
+    def reached(self) -> bool:
+        return bool(self.passed) and all(self.reading <= passed for passed in self.passed.values())
+
+
 def topic_memo(mine: Callable[[str], bool]) -> Callable[[str], bool]:
     """``mine``, asked once per topic: a read meets the same few topics in every record."""
     known: dict[str, bool] = {}

@@ -394,3 +394,26 @@ def test_the_search_reads_apart_for_new_and_for_waiting_transactions() -> None:
     assert first.have == {"t1": frozenset({0})}
     assert then.regions == {"t2": {("a", 0): (60, 100)}} and then.expected == {"t2": 3}
     assert then.have == {"t2": frozenset({0, 2})}
+
+
+def test_a_manifest_read_stops_only_once_every_relay_met_passed_every_partition_read() -> None:
+    """A capped proposal over partitions filling at different rates: records entirely past one
+    partition's end come before a record inside another's, so no count of records past the
+    ends may stop the read; only every partition passed, by every relay met, does."""
+    from offsets.ledger import Intent, Range, now_utc
+    from pipelines.transactions.manifest_records import Frontier
+
+    fast, slow, idle = ("order", 0), ("shipment", 0), ("payment", 0)
+    intent = Intent("p", 2, "w", now_utc(), (Range(*fast, 100, 110), Range(*slow, 5, 8), Range(*idle, 7, 7)))
+    frontier = Frontier(intent)
+    frontier.see("r1", ((fast, 120),))
+    frontier.see("r1", ((fast, 130),))
+    assert not frontier.reached()  # a later record of r1 may still list shipment 5-7
+    frontier.see("r1", ((fast, 140), (slow, 6)))
+    assert not frontier.reached()
+    frontier.see("r1", ((slow, 8),))
+    assert frontier.reached()  # the empty payment range needs no passing
+    frontier.see("r2", ((fast, 150),))
+    assert not frontier.reached()  # r2's records follow its own events, not r1's
+    frontier.see("r2", ((slow, 9), (fast, 151)))
+    assert frontier.reached()

@@ -51,3 +51,75 @@ def test_growth_stops_at_the_hard_limit_with_a_clear_error() -> None:
 def test_a_batch_held_back_by_a_wait_stays_empty_at_the_limit() -> None:
     planned = _plan(_protocol(fits_at=None, waiting=True), 100)
     assert planned.is_empty and planned.waiting
+
+
+def _thin(seen: list[int], keep: int = 5) -> CommitProtocol:
+    """A protocol whose decide keeps a fifth of every range: a cut that falls back far."""
+
+    def decide(intent: Intent, last: Intent | None, bounds: object) -> Intent:
+        seen.append(sum(r.span for r in intent.ranges))
+        return replace(intent, ranges=tuple(replace(r, end=r.start + r.span // keep) for r in intent.ranges))
+
+    return CommitProtocol(None, pipeline="p", target="/t", quarantine="/q", ledger="/l",  # type: ignore[arg-type]
+                          build_frames=lambda i: None, decide=decide)  # type: ignore[arg-type,return-value]
+
+
+def test_a_thin_cut_grows_the_proposal_to_the_largest_cut_within_the_cap() -> None:
+    seen: list[int] = []
+    planned = _plan(_thin(seen), 100)
+    # Cuts of 20, 40, then 80 offsets: at least half the cap.
+    assert seen == [100, 200, 400] and sum(r.span for r in planned.ranges) == 80
+    seen.clear()
+    planned = _plan(_thin(seen, keep=3), 100)
+    # Cuts of 32 and 66 offsets: 66 is past half the cap.
+    assert seen == [100, 200] and sum(r.span for r in planned.ranges) == 66
+    seen.clear()
+    planned = _plan(_thin(seen, keep=3), 130)
+    # Cuts of 42 then 86 offsets, and 86 fits the cap of 130.
+    assert seen == [130, 260] and sum(r.span for r in planned.ranges) == 86
+
+
+def test_fill_growth_stops_at_its_limit_and_never_passes_the_cap() -> None:
+    seen: list[int] = []
+    planned = _plan(_thin(seen, keep=40), 100)
+    assert seen == [100, 200, 400, 800] and sum(r.span for r in planned.ranges) == 20
+
+
+def test_fill_growth_keeps_the_last_cut_within_the_cap_when_a_larger_one_overshoots() -> None:
+    """Transactions end at offsets 10 and 200 of each partition: the cuts are 20, 20, then 400."""
+    seen: list[int] = []
+
+    def decide(intent: Intent, last: Intent | None, bounds: object) -> Intent:
+        seen.append(sum(r.span for r in intent.ranges))
+        return replace(intent, ranges=tuple(replace(r, end=max(b for b in (0, 10, 200) if b <= r.end))
+                                            for r in intent.ranges))
+
+    protocol = CommitProtocol(None, pipeline="p", target="/t", quarantine="/q", ledger="/l",  # type: ignore[arg-type]
+                              build_frames=lambda i: None, decide=decide)  # type: ignore[arg-type,return-value]
+    planned = _plan(protocol, 100)
+    assert seen == [100, 200, 400] and [r.end for r in planned.ranges] == [10, 10]
+
+
+def test_a_revision_plans_again_from_the_starts_with_growth_not_within_the_guarded_ranges() -> None:
+    """The guarded ranges were cut without the transaction that tripped the guard; it starts at
+    the ranges' start and spans 1,500 offsets, so a cut within them leaves nothing. The revision
+    proposes again from the same starts, grows until it fits, keeps the guarded intent's other
+    decisions and drops its manifest cursor (the read it came from missed that transaction)."""
+    from offsets.protocol import _Limits
+
+    seen: list[int] = []
+    protocol = _protocol(fits_at=1500, seen=seen)
+
+    def revise(proposal: Intent, last: Intent | None, bounds: object) -> Intent:
+        assert proposal.dedup_version == 42 and not proposal.guarded and proposal.manifest is None
+        return protocol.decide(proposal, last, bounds)  # type: ignore[misc]
+
+    protocol.revise = revise
+    protocol._limits = _Limits(BOUNDS, 100)
+    planned = _plan(protocol, 100)
+    guarded = replace(planned, guarded=True, manifest=(0, 9, 9), dedup_version=42)
+    seen.clear()
+    revised = protocol._replanned(guarded)
+    assert seen == [100, 400, 1600] and sum(r.span for r in revised.ranges) == 1600
+    assert revised.dedup_version == 42 and revised.planned_at == guarded.planned_at and revised.manifest is None
+    assert [r.start for r in revised.ranges] == [r.start for r in guarded.ranges]
