@@ -83,7 +83,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Self
 
 from connectors.admin import PartitionBounds
 from offsets.frames import (
@@ -180,6 +180,53 @@ def _completes(observation: Observation, timeout: float) -> bool:
             return False
         time.sleep(0.005)
     return True
+
+
+#: How often a write that is still running says so.
+HEARTBEAT_SECONDS = 30.0
+
+
+def _described(intent: Intent) -> str:
+    """``intent``'s ranges in a line: how many offsets over how many partitions, the first few."""
+    reading = [r for r in intent.ranges if r.span]
+    shown = ", ".join(f"{r.topic}[{r.partition}] {r.start}-{r.end}" for r in reading[:4])
+    return (f"{_offsets(intent):,} offsets in {len(reading)} partition(s)" + (f": {shown}" if shown else "")
+            + (" ..." if len(reading) > 4 else ""))
+
+
+class _Heartbeat:
+    """Logs every :data:`HEARTBEAT_SECONDS` while a batch's write runs: a replay under load can
+    take minutes, and a run that says nothing meanwhile looks idle, or stuck in a restart loop."""
+
+    def __init__(self, spark: SparkSession, what: str) -> None:
+        self.spark, self.what = spark, what
+        self.done = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def __enter__(self) -> Self:
+        if self.spark is not None:
+            self.thread = threading.Thread(target=self._beat, daemon=True, name="tidemark-heartbeat")
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+
+    def _beat(self) -> None:
+        started = time.monotonic()
+        while not self.done.wait(HEARTBEAT_SECONDS):
+            log.info("%s: its write has run for %.0f s%s", self.what, time.monotonic() - started, self._progress())
+
+    def _progress(self) -> str:
+        """The tasks done of the driver's running stages (the whole session's: serve's runs share it)."""
+        try:
+            tracker = self.spark.sparkContext.statusTracker()
+            stages = [tracker.getStageInfo(i) for i in tracker.getActiveStageIds()]
+            total = sum(st.numTasks for st in stages if st is not None)
+            done = sum(st.numCompletedTasks for st in stages if st is not None)
+        except Exception:  # noqa: BLE001 - a progress line is a courtesy
+            return ""
+        return f" ({done} of {total} tasks of its running stages done)" if total else ""
 
 
 def _offsets(intent: Intent) -> int:
@@ -318,6 +365,8 @@ class CommitProtocol:
         if last is None:
             return None, None
         if committed < last.batch_id:
+            log.info("pipeline %s: batch %d was claimed but the target does not hold it: recovering it (%s)",
+                     self.pipeline, last.batch_id, _described(last))
             result = self._write(last, replayed=True)
             last = result.intent  # the revision, if the replay revised it
         elif self._marked_settled(last) or self.committed_batch(self.quarantine) >= last.batch_id:
@@ -358,8 +407,10 @@ class CommitProtocol:
         step = prepared if prepared is not None else self._prepare(intent)
         # Commit even a batch without good rows: the commit carries the offsets.
         try:
-            landed = self._append(step.good, self.target, intent, partition_by=self.partition_by,
-                                  observation=step.kept)
+            with _Heartbeat(self.spark, f"pipeline {self.pipeline}: batch {intent.batch_id}"
+                            + (" (recovered)" if replayed else "")):
+                landed = self._append(step.good, self.target, intent, partition_by=self.partition_by,
+                                      observation=step.kept)
         except Exception as error:  # only the guard's own failure is handled here
             if not step.guarded or GUARD_TRIPPED not in str(error):
                 raise

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from offsets.lag import PartitionLag, partition_lags
 from offsets.ledger import Intent, read_last
-from offsets.tables import TableShape, table_shape
+from offsets.tables import TableShape, table_shape, txn_version
 from orchestration.context import PipelineContext, resolve_bootstrap
 from quality.audit import last_verdict
 from tidemark.config import TidemarkConfig
@@ -64,6 +64,8 @@ def pipeline_status(ctx: PipelineContext, quality_dir: Path) -> PipelineStatus:
         if last is not None:
             status.last_batch = (f"#{last.batch_id} planned {last.planned_at.isoformat(timespec='seconds')}, "
                                  f"{sum(r.span for r in last.ranges)} offsets")
+            if not last.is_empty and (txn_version(p.target, p.name) or 0) < last.batch_id:
+                status.last_batch += " (claimed, not in the target yet: being written, or recovered by the next run)"
         status.partitions = partition_lags(ctx.client_config, p, last.ends() if last else {})
         status.held = held_back(last)
     except TidemarkError as exc:

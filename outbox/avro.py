@@ -134,13 +134,13 @@ class AvroEncoder:
             raise InvalidPayload(f"the payload does not match the schema of {subject}: it has field {field!r}, "
                                  f"which {schema.what} lacks; add the field there (and register it), or correct "
                                  "the payload")
-        if self._clock.may_ask(subject):
-            schema = self._ask(topic, lambda: self._latest(topic, schema))
-            self._clock.asked(subject)
-            missing = schema.unknown(record)
-            if missing is None:
-                return schema
-            field = missing
+        self._clock.wait_to_ask(subject)
+        schema = self._ask(topic, lambda: self._latest(topic, schema))
+        self._clock.asked(subject)
+        missing = schema.unknown(record)
+        if missing is None:
+            return schema
+        field = missing
         raise InvalidPayload(f"the payload does not match the schema of {subject}: it has field {field!r}, which "
                              f"{schema.what}, the subject's newest, lacks (a misspelt field, or a version not "
                              "registered yet)")

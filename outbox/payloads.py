@@ -25,7 +25,8 @@ from tidemark.errors import RegistryUnavailableError
 log = logging.getLogger("outbox.relay")  # the relay's log lines, under the relay's name
 
 #: Least time between two asks about one subject on payloads with a field its schema lacks: a
-#: stream of such payloads (a misspelt field) costs the registry one request per subject this often.
+#: stream of such payloads (a misspelt field) costs the registry one request per subject this
+#: often, and each such payload waits for its own ask at most this long.
 MISS_ASK_SECONDS = 5.0
 
 
@@ -69,10 +70,13 @@ class SubjectClock:
                     "(%s); the relay goes on with %s and asks again in %.0f s", url, subject,
                     error.why if isinstance(error, RegistryOutage) else error, kept, self.refresh_seconds)
 
-    def may_ask(self, subject: str) -> bool:
-        """Whether a payload's unknown field may ask the registry about ``subject`` now."""
+    def wait_to_ask(self, subject: str) -> None:
+        """Wait until a payload's unknown field may ask the registry about ``subject``: at most
+        :data:`MISS_ASK_SECONDS`. Never a refusal from an older answer: a version registered
+        since would then refuse a payload that it describes."""
         last = self._asked.get(subject)
-        return last is None or time.monotonic() - last >= MISS_ASK_SECONDS
+        if last is not None:
+            time.sleep(max(0.0, last + MISS_ASK_SECONDS - time.monotonic()))
 
     def asked(self, subject: str) -> None:
         """The registry answered an ask on an unknown field (its answer is the schema kept)."""

@@ -128,8 +128,9 @@ class ProtobufEncoder:
             body = _body(target, record)
         except json_format.ParseError as exc:
             subject = f"{topic}-value"
-            if _UNKNOWN not in str(exc) or not self._clock.may_ask(subject):
+            if _UNKNOWN not in str(exc):
                 raise InvalidPayload(f"the payload does not match the schema of {subject}: {exc}") from None
+            self._clock.wait_to_ask(subject)
             newer = self._newest(topic, target)
             self._clock.asked(subject)
             try:

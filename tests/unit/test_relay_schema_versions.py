@@ -75,14 +75,44 @@ def _id(value: bytes | None) -> int:
     return int.from_bytes(value[1:5], "big")
 
 
-def test_a_field_no_version_has_is_invalid_and_asked_about_once_per_few_seconds() -> None:
+def _clock(monkeypatch: pytest.MonkeyPatch) -> tuple[list[float], list[float]]:
+    """A stand-in for the monotonic clock that the relay's waits move on: (now, each wait)."""
+    now, slept = [1000.0], []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    for module in ("outbox.avro", "outbox.payloads"):
+        monkeypatch.setattr(f"{module}.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("outbox.payloads.time.sleep", sleep)
+    return now, slept
+
+
+def test_a_field_no_version_has_is_invalid_and_asked_about_once_per_few_seconds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _, slept = _clock(monkeypatch)
     client = _Client(V1)
     encoder = _encoder(client)
     assert _id(encoder.encode("t", b'{"key": "a", "seq": 1}')) == 11
     for _ in range(3):
         with pytest.raises(InvalidPayload, match=r"t-value.*'chanel'.*version 1 \(id 11\)"):
             encoder.encode("t", b'{"key": "a", "seq": 1, "chanel": "web"}')
-    assert client.asked == 2  # the first lookup, then one ask on the misses
+    # The first lookup, then one ask per miss, each after the last by MISS_ASK_SECONDS.
+    assert client.asked == 4 and slept == [5.0, 5.0]
+
+
+def test_a_version_registered_just_after_a_miss_is_taken_not_refused_by_the_older_answer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    now, slept = _clock(monkeypatch)
+    client = _Client(V1)
+    encoder = _encoder(client)
+    with pytest.raises(InvalidPayload, match="'channel'"):
+        encoder.encode("t", b'{"key": "a", "seq": 1, "channel": "web"}')
+    now[0] += 1
+    client.versions.append(V2)
+    assert _id(encoder.encode("t", b'{"key": "a", "seq": 2, "channel": "web"}')) == 12
+    assert slept == [4.0]
 
 
 def test_a_newer_version_with_the_field_is_taken_on_the_miss_and_kept() -> None:
