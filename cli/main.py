@@ -30,8 +30,33 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(data)
 
 
+#: The distribution pyproject.toml names; ``--version`` reports what pip installed of it.
+DISTRIBUTION = "tidemark"
+
+
+class VersionAction(argparse.Action):
+    """``--version``, looked up only when asked: the lookup scans every installed distribution
+    (about 0.2 s here), which no other command should pay at start."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 default: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            found = version(DISTRIBUTION)
+        except PackageNotFoundError:
+            parser.exit(1, f"tidemark: the {DISTRIBUTION} distribution is not installed (run from a source tree?); "
+                           "install it with `pip install -e .`\n")
+        print(f"tidemark {found}")
+        parser.exit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tidemark", description="Exactly-once Kafka to Delta Lake ingestion.")
+    parser.add_argument("--version", action=VersionAction, help="print the installed version and exit")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="also show Spark's, librdkafka's, GX's and Prefect's messages here "
