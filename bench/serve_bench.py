@@ -4,7 +4,7 @@ The target: a served run (second and later) spends < 1 s before its first Kafka
 fetch. Both modes serve the same pipeline on the same broker in one benchmark run, one
 after the other, while a producer writes a 200-record transaction every 0.5 s so every
 run has work: ``tidemark serve`` (the warm driver) and ``tidemark serve
---no-warm-driver`` (each flow run starts its own Spark driver, as before).
+--no-warm-driver`` (each flow run starts its own Spark driver).
 
 "Before the first fetch" is what each run logs itself (orchestration.flows): from the
 flow run's start as Prefect records it (its Running state) to the moment its first

@@ -1,7 +1,7 @@
 """A progress bar for bounded ingest and backfill, on a terminal only.
 
-Long work (a first ingest of millions of records, a backfill) used to print nothing
-until it ended. The bar counts Kafka offsets (records, markers and aborted records,
+Long work (a first ingest of millions of records, a backfill) would otherwise print
+nothing until it ended. The bar counts Kafka offsets (records, markers and aborted records,
 which is what a batch's ranges cover) against the LSO snapshot the run goes to, and
 batches done. Inside a batch it moves with the Spark job's finished tasks, so a single
 large batch is not a frozen bar; that part is an estimate, the committed part is exact.

@@ -78,7 +78,7 @@ def _metadata(admin: Any, errors: list[Any], timeout: float) -> Any:
         except KafkaException:
             admin.poll(0.05)  # serves the error callback: the cause
         # A refused login or a failed handshake is retried by librdkafka too, and a loaded broker's
-        # handshake can fail once and then pass: those wait out the timeout, as before, and are named.
+        # handshake can fail once and then pass: those wait out the timeout, and are named.
         if time.monotonic() >= deadline or (_refused(errors) and time.monotonic() - started >= REFUSED_SECONDS):
             return None
 

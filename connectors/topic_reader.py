@@ -2,7 +2,7 @@
 
 Under ``read_committed`` the end is the last stable offset; partition EOF (not a poll
 timeout) says a partition is done, so ranges made of transaction markers or aborted
-records cost nothing. Used to reconcile what Kafka holds against a table, by the demo
+records cost nothing. It reconciles what Kafka holds against a table, by the demo
 and by tests; the ingest path reads through Spark instead.
 """
 

@@ -187,9 +187,9 @@ def _ignore_stop_signals(session: SparkSession) -> None:
         return
     try:
         signal_class = jvm.sun.misc.Signal
-        ignore = session.sparkContext._gateway.jvm.sun.misc.SignalHandler.SIG_IGN
+        ignore = jvm.sun.misc.SignalHandler.SIG_IGN
         signal_class.handle(signal_class("TERM"), ignore)
-    except Exception as exc:  # noqa: BLE001 - a JVM without sun.misc.Signal: stops as before
+    except Exception as exc:  # noqa: BLE001 - a JVM without sun.misc.Signal: a group's SIGTERM ends it
         log.warning("the Spark driver's JVM does not let SIGTERM be ignored (%s); a signal to the whole process "
                     "group stops it under the batch in flight, which the next run recovers", exc)
 

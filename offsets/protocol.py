@@ -95,7 +95,7 @@ from offsets.frames import (
     NewPartitionStarts,
     Revise,
 )
-from offsets.ledger import TP, Intent, Ledger, LedgerMismatchError, now_utc, recent_commits
+from offsets.ledger import TP, Intent, Ledger, LedgerMismatchError, commit_metadata, now_utc, recent_commits
 from offsets.planner import plan_ranges
 from offsets.tables import checkpoint_if_due, read_small_file, txn_version, warm_snapshot, write_small_file
 from tidemark.errors import TerminalError, TransientError
@@ -234,21 +234,23 @@ def _offsets(intent: Intent) -> int:
     return sum(r.span for r in intent.ranges)
 
 
-def _observed(step: _Pass) -> tuple[int, int | None]:
-    """(rows written, bad records) of a pass that committed, from its Observations; (0, None: step 5
-    counts them) where they were not filled. A commit confirmed by history rather than by its
-    Observation may have its metrics lost with a stalled store's job events, and reading an
-    unfilled Observation blocks or fails inside Spark (an AssertionError in ``toPyRow``)."""
-    classic = getattr(getattr(step.kept, "_jo", None), "future", None) is not None
-    if classic and not (_completes(step.kept, 0.0) and _completes(step.read, 0.0)):
-        return 0, None
+def _observed(observation: Observation, name: str) -> int | None:
+    """The metric ``name`` of a committed pass's ``observation``, or None where it was not filled.
+
+    A commit confirmed by history rather than by its Observation may have its metrics lost
+    with a stalled store's job events; a pass whose plan ran no task (offsets holding only
+    transaction markers) fills its Observation with an empty row, which ``Observation.get``
+    cannot read (an AssertionError inside ``toPyRow``). Neither is an error of the batch.
+    """
+    jo = getattr(observation, "_jo", None)
     try:
-        rows = int(step.kept.get["rows"])
-        return rows, int(step.read.get["records"]) - rows
+        if jo is not None and (not _completes(observation, OBSERVATION_WAIT_SECONDS) or jo.getRow().length() == 0):
+            return None
+        return int(observation.get[name])
     except Exception as exc:  # noqa: BLE001 - the commit stands; only its count is lost
-        log.warning("the committed batch's row counts could not be read (%s); its bad records are counted again",
+        log.warning("a committed batch's %s could not be read from its Observation (%s)", name,
                     str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-        return 0, None
+        return None
 
 
 class InjectedFault(Exception):
@@ -422,11 +424,28 @@ class CommitProtocol:
         if landed and intent.is_empty:
             rows, bad = 0, 0
         elif landed:
-            rows, bad = _observed(step)
+            kept, records = _observed(step.kept, "rows"), _observed(step.read, "records")
+            if kept is None or records is None:
+                rows, bad = self._committed_rows(intent), None  # step 5 counts the bad records again
+            else:
+                rows, bad = kept, records - kept
         else:
             rows, bad = 0, None
         quarantined = self._quarantine(intent, step.frames, bad_count=bad)
         return BatchResult(intent, replayed, rows, quarantined)
+
+    def _committed_rows(self, intent: Intent) -> int:
+        """The rows ``intent``'s commit added to the target, from its commit's metrics (one read of
+        the newest commit files), for a pass whose Observation holds no count."""
+        from delta.tables import DeltaTable
+
+        commits = DeltaTable.forPath(self.spark, self.target).history(HISTORY_WINDOW) \
+            .select("userMetadata", "operationMetrics").collect()
+        for commit in commits:
+            meta = commit_metadata(commit.userMetadata, self.pipeline)
+            if meta is not None and meta["batch"] == intent.batch_id:
+                return int((commit.operationMetrics or {}).get("numOutputRows", 0))
+        return 0
 
     def _revision(self, intent: Intent, error: Exception) -> Intent:
         """Guarded ``intent``'s revision, as the ledger stores it (ours, or a racing rival's)."""

@@ -11,7 +11,7 @@ started as soon as the deployments exist.
 
 Every run's Spark work goes to serve's warm driver (:mod:`orchestration.driver`): one
 Spark session, started with serve, instead of a JVM per run; ``warm_driver=False``
-(``tidemark serve --no-warm-driver``) gives each run its own, as before.
+(``tidemark serve --no-warm-driver``) gives each run a driver of its own.
 
 Schedules need a Prefect server: Prefect's ephemeral API runs no scheduler service.
 Without ``PREFECT_API_URL`` the embedded stack's Prefect server is used (``tidemark

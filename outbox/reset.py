@@ -2,7 +2,7 @@
 
 The recovery after the relay stopped with ``SourceChangedError`` (a re-initialised,
 replaced or restored database, a failover before the position, a dropped, recreated or
-invalidated slot) or after ``outbox init`` refused to recreate a missing slot. Steps:
+invalidated slot) or after ``outbox init`` declined to recreate a missing slot. Steps:
 
 1. **Fence** the relay in Kafka (``init_transactions`` with its ``transactional.id``):
    a relay still running can commit nothing more.

@@ -109,7 +109,7 @@ def reader_group(kafka_options: dict[str, str]) -> str:
     """The group id of every Kafka read of this process with these options.
 
     Spark pools its executors' consumers by group id and partition, and gives each read a
-    fresh group id unless told one: so every batch used to open new consumers (connect,
+    fresh group id unless told one: so every batch would open new consumers (connect,
     authenticate, fetch metadata), 0.15-0.3 s of a follower's small batch (2.5x the read
     itself, measured on 2 cores). A stable id lets a batch reuse the consumers the last one
     left. No group is ever joined or committed to (the reads assign their partitions), so

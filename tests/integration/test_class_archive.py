@@ -113,7 +113,7 @@ def test_prune_deletes_only_archives_no_jvm_can_map_again(tmp_path: Path) -> Non
         archives[name] = cds.named(tmp_path, key)
         archives[name].write_bytes(b"archive")
         cds.key_file(archives[name]).write_text("\n".join(key) + "\n")
-    unrecorded = jars / "cds-000000000000.jsa"  # named as before archives recorded their files
+    unrecorded = jars / "cds-000000000000.jsa"  # named as an archive that records no files
     unrecorded.write_bytes(b"archive")
     os.utime(files["changed"], ns=(1, 1))
     # Key files without an archive: a training killed before its rename, and one still training.

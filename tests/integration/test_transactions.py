@@ -431,7 +431,7 @@ def test_g3_is_checked_in_the_write_until_a_batch_meets_a_multi_event_transactio
     assert {{h.key: h.value for h in r.headers}[H.TXID].decode() for r in quarantined} == {bad.split("/")[-1]}
     assert spark.read.format("delta").load(pipeline.target).count() == 10
 
-    # 3. After a scan that found one: scanned at planning (no check, no revision), cut as before.
+    # 3. After a scan that found one: scanned at planning (no check, no revision), cut by the scan.
     whole = src.write([(topic, 0), (topic, 1), (topic, 0)])
     partial = src.write([(topic, 1), (topic, 0)], drop=frozenset({1}))  # its second event never arrives
     ingest()

@@ -36,43 +36,55 @@ def _config(setup: RelaySetup, target: Path, cap: int) -> TidemarkConfig:
         "transactions": {"manifest_topic": setup.manifest_topic, "incomplete_timeout_seconds": 30}}]})
 
 
-def test_capped_followers_catch_up_on_an_uneven_backlog_whole_and_without_empty_versions(
-        spark, postgres_dsn: str, kafka_bootstrap: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    setup = RelaySetup.create(tmp_path, postgres_dsn, kafka_bootstrap)
-    writers = Writers(setup, threads=4, late_rate=0.2, rollback_rate=0.15, weights=WEIGHTS, seed=11).start()
+def _backlog(tmp: Path, dsn: str, bootstrap: str, events: int, seed: int) -> RelaySetup:
+    """A relay's topics holding at least ``events`` events of 1-20-event source transactions,
+    unevenly over its three topics, written while no follower runs."""
+    setup = RelaySetup.create(tmp, dsn, bootstrap)
+    writers = Writers(setup, threads=4, late_rate=0.2, rollback_rate=0.15, weights=WEIGHTS, seed=seed).start()
     deadline = time.monotonic() + 120
-    while sum(len(t.events) for t in list(writers.committed)) < 10_000 and time.monotonic() < deadline:
+    while sum(len(t.events) for t in list(writers.committed)) < events and time.monotonic() < deadline:
         time.sleep(0.5)
     writers.stop()
     setup.drain()
-    written, offsets = g3.written(setup)
-    events = sum(written.values())
-    assert events >= 10_000 and sum(1 for n in written.values() if n > 1) > 500, (events, len(written))
+    return setup
 
-    for cap in (200, 1000, 50):
+
+@pytest.mark.parametrize(("events", "caps"), [(10_000, (200, 1000)), (2_000, (50,))],
+                         ids=["10k-cap200-cap1000", "2k-cap50"])
+def test_capped_followers_catch_up_on_an_uneven_backlog_whole_and_without_empty_versions(
+        spark, postgres_dsn: str, kafka_bootstrap: str, tmp_path: Path, events: int,  # type: ignore[no-untyped-def]
+        caps: tuple[int, ...]) -> None:
+    """Each cap catches up in at most 2 * ceil(N / cap) + 5 batches. (The cap of 50 runs on a
+    smaller backlog: at 10,000 events it would be 200-odd batches of a few seconds each.)"""
+    setup = _backlog(tmp_path, postgres_dsn, kafka_bootstrap, events, seed=11 + len(caps))
+    written, offsets = g3.written(setup)
+    total = sum(written.values())
+    assert total >= events and sum(1 for n in written.values() if n > 1) > events // 20, (total, len(written))
+
+    for cap in caps:
         config = _config(setup, tmp_path / f"cap{cap}", cap)
-        limit = 2 * math.ceil(events / cap) + 5
+        limit = 2 * math.ceil(total / cap) + 5
         job = IngestJob(spark, config, config.pipelines[0], kafka_bootstrap)
         done: list[int] = []
 
         def count(result: Any, seconds: float, limit: int = limit, done: list[int] = done, cap: int = cap) -> None:
             done.append(result.rows)
             if len(done) > limit:  # a run that loops is stopped here, not by the test's timeout
-                raise AssertionError(f"cap {cap}: {len(done)} batches for {events} events (at most {limit}); "
+                raise AssertionError(f"cap {cap}: {len(done)} batches for {total} events (at most {limit}); "
                                      f"the last ones landed {done[-5:]} rows")
 
         job.on_batch = count
         report = job.run_bounded()
-        assert report.rows == events, f"cap {cap}: {report.summary()}"
+        assert report.rows == total, f"cap {cap}: {report.summary()}"
         batches = g3.assert_whole_and_progressing(spark, config.pipelines[0], written, offsets)
-        assert batches <= limit, f"cap {cap}: {batches} batches for {events} events"
+        assert batches <= limit, f"cap {cap}: {batches} batches for {total} events"
 
 
 def test_a_capped_follower_keeps_up_with_the_relay_at_full_speed(
         spark, postgres_dsn: str, kafka_bootstrap: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     setup = RelaySetup.create(tmp_path, postgres_dsn, kafka_bootstrap)
     relay = setup.start()
-    config = _config(setup, tmp_path / "follower", 200)
+    config = _config(setup, tmp_path / "follower", 500)
     job = IngestJob(spark, config, config.pipelines[0], kafka_bootstrap)
     stop = threading.Event()
     failure: list[BaseException] = []
@@ -87,11 +99,11 @@ def test_a_capped_follower_keeps_up_with_the_relay_at_full_speed(
     writers = Writers(setup, threads=4, late_rate=0.2, rollback_rate=0.15, weights=WEIGHTS, seed=12).start()
     follower.start()
     try:
-        time.sleep(40)
+        time.sleep(15)
         writers.stop()
         setup.catch_up_and_stop(relay)
         written, offsets = g3.written(setup)
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 300
         target = config.pipelines[0].target
         while time.monotonic() < deadline and not failure:
             if g3.table_rows(spark, target) >= len(offsets):
