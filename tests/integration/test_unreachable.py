@@ -54,8 +54,8 @@ def silent_port() -> Iterator[int]:
         yield server.getsockname()[1]
 
 
-@pytest.mark.parametrize("command", [["ingest", "orders"], ["ingest", "orders", "--follow"], ["check", "orders"],
-                                     ["status", "--no-relay"], ["offsets", "show", "orders"]])
+@pytest.mark.parametrize("command", [["ingest", "orders"], ["check", "orders"], ["status", "--no-relay"],
+                                     ["offsets", "show", "orders"]])
 def test_a_closed_kafka_port_is_one_line_naming_address_and_setting(tmp_path: Path, env: dict[str, str],
                                                                     command: list[str]) -> None:
     port = free_port()
@@ -64,6 +64,31 @@ def test_a_closed_kafka_port_is_one_line_naming_address_and_setting(tmp_path: Pa
     line = _one_line(done)
     assert f"127.0.0.1:{port}" in line and "kafka.bootstrap_servers" in line and "refused" in line, line
     assert elapsed < 10, elapsed
+
+
+def test_a_follower_waits_at_its_start_for_a_closed_kafka_port_saying_so_within_10_s(
+        tmp_path: Path, env: dict[str, str]) -> None:
+    """``ingest --follow`` is a service: started before its broker (a host's boot), it waits, with
+    the same line naming the address and the setting, as it waits for a broker lost mid-run."""
+    port = free_port()
+    config = write_config(tmp_path / "tidemark.yaml", f"127.0.0.1:{port}", tmp_path / "orders", topics=["orders"])
+    log = tmp_path / "follow.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "cli", "ingest", "orders", "--follow", "--config", str(config)],
+                                env=env, cwd=tmp_path, stdout=sink, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 10
+        while "--follow waits" not in log.read_text() and time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.2)
+        text = log.read_text()
+        assert "--follow waits" in text, text
+        line = next(ln for ln in text.splitlines() if "--follow waits" in ln)
+        assert f"127.0.0.1:{port}" in line and "kafka.bootstrap_servers" in line and "refused" in line, line
+        assert proc.poll() is None, text  # still waiting, not exited
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 def test_a_kafka_address_that_never_answers_is_one_line_within_10_s(tmp_path: Path, env: dict[str, str],
