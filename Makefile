@@ -26,6 +26,7 @@ test-s3: bootstrap
 # CI runs the slow and the S3 stages side by side; these slow tests run after the S3 stage's own,
 # so that the two take about as long (`make test-slow` alone runs them all).
 SLOW_AFTER_S3 := tests/integration/test_transactions_crash.py \
+	tests/integration/test_transactions_catchup.py \
 	tests/integration/test_secured_crash.py::test_sigkill_at_every_step_over_sasl_ssl_and_the_password_leaks_nowhere
 
 ci-slow: bootstrap

@@ -39,8 +39,10 @@ JAVA_RETRIABLE = (
     "ReplicaNotAvailableException", "org.apache.kafka.common.errors.TimeoutException",
 )
 
-_JAVA = re.compile(r"(?:org\.apache\.kafka\.common\.errors\.)?(" + "|".join(
-    re.escape(name.rsplit(".", 1)[-1]) for name in JAVA_RETRIABLE) + r")\b[^\n]*")
+#: A bare name of :data:`JAVA_RETRIABLE` is Kafka's own; a qualified one only with its package
+#: (``TimeoutException`` alone names several other libraries' exceptions).
+_JAVA = re.compile("|".join(re.escape(name) if "." in name else rf"(?:org\.apache\.kafka\.common\.errors\.)?{name}"
+                            for name in JAVA_RETRIABLE) + r"\b[^\n]*")
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
