@@ -66,6 +66,37 @@ def test_recovery_finds_its_batch_behind_60_foreign_commits_after_retention(
     assert not delta_table_exists(spark, pipeline.quarantine_path)  # no bad record, no quarantine table
 
 
+def test_a_batch_being_recovered_is_logged_with_its_ranges_and_shown_by_status(
+        spark, kafka_bootstrap: str, topic_factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
+    """A run that fails after its claim leaves a batch the target lacks: status says so, and the
+    next run logs that it recovers it, with its id and ranges, before it writes it again (a
+    replay under load can take minutes; a run that says nothing meanwhile looks idle)."""
+    import logging
+
+    from offsets.protocol import InjectedFault
+    from orchestration.context import PipelineContext
+    from orchestration.status import pipeline_status
+
+    topic = topic_factory("recovering", partitions=2)
+    config, pipeline = _ingested(spark, kafka_bootstrap, topic, tmp_path / "events", 10)
+    _produce(kafka_bootstrap, topic, range(10, 25))
+    monkeypatch.setenv("TIDEMARK_RAISE_AT", f"claimed:{pipeline.name}")
+    with pytest.raises(InjectedFault):
+        IngestJob(spark, config, pipeline, kafka_bootstrap).run_bounded()
+    monkeypatch.delenv("TIDEMARK_RAISE_AT")
+    status = pipeline_status(PipelineContext(config, pipeline, kafka_bootstrap), tmp_path / "quality")
+    assert status.last_batch.startswith("#2 ") and "not in the target yet" in status.last_batch, status.last_batch
+    caplog.set_level(logging.INFO, logger="offsets.protocol")
+    IngestJob(spark, config, pipeline, kafka_bootstrap).run_bounded()
+    lines = [r.getMessage() for r in caplog.records if "recovering it" in r.getMessage()]
+    assert len(lines) == 1 and "batch 2" in lines[0] and "15 offsets in 2 partition(s)" in lines[0], lines
+    assert f"{topic}[0]" in lines[0] and f"{topic}[1]" in lines[0], lines
+    assert _ns(spark, tmp_path / "events") == list(range(25))
+    status = pipeline_status(PipelineContext(config, pipeline, kafka_bootstrap), tmp_path / "quality")
+    assert "not in the target" not in status.last_batch, status.last_batch
+
+
 def test_a_deleted_ledger_stops_the_pipeline_instead_of_skipping_records(
         spark, kafka_bootstrap: str, topic_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     topic = topic_factory("noledger", partitions=2)
