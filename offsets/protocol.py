@@ -32,8 +32,8 @@ ledger; docs/design.md has the table of every crash point between them):
    seek``: a batch with empty ranges at the new offsets) is not a rival run: the batch is
    dropped and the next one starts from the seek's ends. Meanwhile step 4's pass is built (analysed, not
    run) on a second thread: it has no side effect, and runs only if the claim is ours.
-4. **Commit.** (A batch that reads nothing and is no seek commits nothing: the ledger holds
-   all of it.) Append the good rows to the target with ``txnAppId=<pipeline>``,
+4. **Commit.** (A batch that reads nothing and is no seek commits nothing once the target
+   exists: the ledger holds all of it.) Append the good rows to the target with ``txnAppId=<pipeline>``,
    ``txnVersion=N+1`` and the offsets as ``userMetadata``, in one pass over Kafka that
    also counts the records read and the rows written (two Spark ``Observation``\ s; the
    difference is the bad records). This Delta commit is the
@@ -97,7 +97,14 @@ from offsets.frames import (
 )
 from offsets.ledger import TP, Intent, Ledger, LedgerMismatchError, commit_metadata, now_utc, recent_commits
 from offsets.planner import plan_ranges
-from offsets.tables import checkpoint_if_due, read_small_file, txn_version, warm_snapshot, write_small_file
+from offsets.tables import (
+    checkpoint_if_due,
+    delta_table_exists,
+    read_small_file,
+    txn_version,
+    warm_snapshot,
+    write_small_file,
+)
 from tidemark.errors import TerminalError, TransientError
 from tidemark.storage import require_exclusive_commits
 
@@ -401,9 +408,10 @@ class CommitProtocol:
 
     def _write(self, intent: Intent, *, replayed: bool, prepared: _Pass | None = None) -> BatchResult:
         """Steps 4 and 5 of ``intent``, or of its revision if its guard trips (the result names which)."""
-        if intent.is_empty and intent.seek is None:
+        if intent.is_empty and intent.seek is None and delta_table_exists(self.spark, self.target):
             # Nothing read and no end moved (a wait's start, a new partition's start): the ledger
-            # holds all there is of it, and a version of the target would be an empty file.
+            # holds all there is of it, and a version of the target would be an empty file. (A
+            # pipeline's first batch creates the target even so: its readers find a table.)
             self._reached("committed")
             return BatchResult(intent, replayed, 0, 0)
         step = prepared if prepared is not None else self._prepare(intent)
