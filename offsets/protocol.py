@@ -633,8 +633,9 @@ class CommitProtocol:
         waiting for missing events stays empty (the wait is the reason); one held back by
         sheer size stops the run with :class:`BatchLimitError`, never a batch without bound.
 
-        If the cut keeps less than half the cap, the proposal doubles (up to
-        :data:`FILL_GROWTH` times) while its cut still fits the cap: a cap split evenly over
+        If a cut keeps less than half the record cap, the proposal doubles (up to
+        :data:`FILL_GROWTH` times; not under a byte cap, which the estimate alone keeps) while
+        its cut still fits the cap: a cap split evenly over
         partitions that fill at different rates ends them at different moments, and the cut
         falls back to the earliest, so a small cap would otherwise land a fraction of itself
         per batch. Ends only grow with the proposal, so the largest cut that fits is kept.
@@ -658,11 +659,11 @@ class CommitProtocol:
                 size = _offsets(decided)
                 if fits is not None and size > max_offsets:
                     return fits
-                if everything or fits is None and cap > max_offsets or size * 2 >= max_offsets \
+                thin = size * 2 < max_offsets and size < _offsets(intent)  # the cut took much of a full proposal
+                if everything or not thin or max_bytes is not None or fits is None and cap > max_offsets \
                         or cap >= max_offsets * FILL_GROWTH:
                     return decided
                 fits, cap = decided, cap * 2
-                byte_cap = None if byte_cap is None else byte_cap * 2
                 continue
             if everything:
                 return decided

@@ -29,7 +29,13 @@ from pipelines.dedup import table_version
 from pipelines.evolution import SchemaChange, compare
 from pipelines.transform import columns_ahead, frames, good_schema
 from tidemark.config import PipelineConfig, TidemarkConfig
-from tidemark.errors import ConfigError, RegistryUnavailableError, TidemarkError, TransientError
+from tidemark.errors import (
+    ConfigError,
+    RegistryUnavailableError,
+    ServiceUnavailableError,
+    TidemarkError,
+    TransientError,
+)
 from tidemark.settings import load_settings
 
 if TYPE_CHECKING:
@@ -437,7 +443,7 @@ class IngestJob:
     def run_bounded(self, patience: float = ONE_SHOT_PATIENCE_SECONDS) -> IngestReport:
         """Batches up to the LSOs of one snapshot, then return. An outage (Kafka, the schema
         registry, the object store) is waited out for ``patience`` seconds in all, then stops the
-        run with a :class:`TransientError` that says so; what was committed stays."""
+        run with a :class:`ServiceUnavailableError` (exit 75) that says so; what was committed stays."""
         columns_ahead(self.spark, self.pipeline)  # built while the snapshot asks Kafka
         outages = _Outages(self)
         report = IngestReport()
@@ -452,7 +458,7 @@ class IngestJob:
                 except Exception as exc:
                     pause = outages.failed(exc)
                     if outages.waited + pause > patience:
-                        raise TransientError(
+                        raise ServiceUnavailableError(
                             f"pipeline {self.pipeline.name!r}: {outages.what} did not answer for {outages.waited:.0f} s "
                             f"({outages.cause}); this run stops after committing {len(report.batches)} batch(es). "
                             "Run it again once it answers: the batch in flight is recovered") from exc
@@ -532,7 +538,7 @@ class IngestJob:
         from connectors.kafka_errors import retriable_cause
         from connectors.preflight import check_access
         from offsets.protocol import ConcurrentWriterError
-        from tidemark.errors import ServiceUnavailableError, TerminalError
+        from tidemark.errors import TerminalError
 
         if isinstance(exc, RegistryUnavailableError):
             return "the schema registry", str(exc)

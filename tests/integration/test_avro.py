@@ -173,8 +173,8 @@ def test_a_registry_that_does_not_answer_is_transient_and_quarantines_nothing(  
     nowhere = {"schema_registry": {"url": "http://127.0.0.1:9/apis/ccompat/v7"}}
     config = parse_config({**nowhere, "pipelines": [{"name": "orders", "topics": [topic], "target": target,
                                                      "format": "avro"}]})
-    with pytest.raises(ServiceUnavailableError, match="does not answer"):
-        IngestJob(spark, config, config.pipelines[0], kafka_bootstrap).run_bounded()
+    with pytest.raises(ServiceUnavailableError, match="does not answer"):  # no patience: at the first outage
+        IngestJob(spark, config, config.pipelines[0], kafka_bootstrap).run_bounded(patience=0)
     ledger = Ledger(spark, f"{target}_tidemark_ledger", "orders")
     assert ledger.last() is None  # waited before its claim: nothing planned, nothing quarantined
     assert _ingest(spark, kafka_bootstrap, topic, target).rows == 4
