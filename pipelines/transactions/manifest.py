@@ -107,7 +107,7 @@ def _read_manifest(consumers: ManifestConsumers, pipeline: PipelineConfig, inten
                     consumers.close()
                     return None
             elif m is not None and m.offset() >= cursor:  # (below: fetched for an earlier read)
-                relay, found, ids, lasts, _ = read_record(m, limits, mine, starts, ends)
+                relay, found, ids, lasts = read_record(m, limits, mine, starts, ends)
                 listed += found
                 by_relay.setdefault(relay, []).extend(ids)
                 records.append((m.offset(), lasts))
@@ -195,7 +195,7 @@ def listed_ranges(client_config: Mapping[str, str], pipeline: PipelineConfig, in
         while time.monotonic() < deadline:
             for m in reader.consume(num_messages=500, timeout=0.1):
                 if m.error() is None and m.offset() < end:
-                    relay, _, ids, _, _ = read_record(m, limits, mine, starts, ends)
+                    relay, _, ids, _ = read_record(m, limits, mine, starts, ends)
                     if relay:
                         by_relay.setdefault(relay, []).extend(ids)
                 elif m.error() is not None and m.error().code() != KafkaError._PARTITION_EOF:

@@ -126,12 +126,12 @@ def _summarized(message: Any, limits: Limits, mine: Callable[[str], bool]) -> tu
 
 
 def read_record(message: Any, limits: Limits, mine: Callable[[str], bool], starts: Mapping[TP, int],
-                ends: Mapping[TP, int]) -> tuple[str, list[Listed], list[str], tuple[tuple[TP, int], ...], bool]:
+                ends: Mapping[TP, int]) -> tuple[str, list[Listed], list[str], tuple[tuple[TP, int], ...]]:
     """:func:`_take` of one manifest record, with its relay: from the summary where it suffices."""
     quick = _summarized(message, limits, mine)
     if quick is not None:
         relay, block, ids = quick
-        return relay, [block], ids, block.last, False
+        return relay, [block], ids, block.last
     decoded = _decoded(message.value() or b"")
     relay, txns = decoded if decoded is not None else ("", [])
     return relay, *_take(txns, limits, mine, starts, ends)
@@ -142,20 +142,19 @@ def _touches(spans: tuple[tuple[TP, int, int, int], ...], starts: Mapping[TP, in
 
 
 def _take(txns: list[Any], limits: Limits, mine: Callable[[str], bool], starts: Mapping[TP, int],
-          ends: Mapping[TP, int]) -> tuple[list[Listed], list[str], tuple[tuple[TP, int], ...], bool]:
+          ends: Mapping[TP, int]) -> tuple[list[Listed], list[str], tuple[tuple[TP, int], ...]]:
     """One manifest record read against a proposal: what it lists there (a block, or the
     transactions with an event inside), the ids of those for the guard's LSN range (a block's
-    first and last suffice: a record lists its transactions in commit order), each partition's
-    last offset in it, and whether all of it lies past the proposal's ends."""
+    first and last suffice: a record lists its transactions in commit order), and each
+    partition's last offset in it (where a read stops: :class:`Frontier`)."""
     as_block = _block(txns, limits, mine)
     if as_block is not None:
         block, ids = as_block
-        return [block], ids, block.last, False
+        return [block], ids, block.last
     entries = _entries(txns, mine)
     listed: list[Listed] = [t for t in entries if _touches(t.spans, starts, ends)]
     lasts = tuple((tp, last) for t in entries for tp, _, last, _ in t.spans)
-    beyond = not any(tp in ends and first < ends[tp] for t in entries for tp, first, _, _ in t.spans)
-    return listed, [t.txn for t in listed if isinstance(t, ListedTxn)], lasts, beyond
+    return listed, [t.txn for t in listed if isinstance(t, ListedTxn)], lasts
 
 
 class Frontier:

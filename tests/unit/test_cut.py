@@ -277,13 +277,13 @@ def test_manifest_records_read_as_blocks_give_the_scans_cut_and_guard_range(summ
         listed, by_relay = [], {}
         for manifest in records:
             record = _Record(manifest.encoded() if summary else manifest.encode())
-            relay, found, ids, _, _ = read_record(record, proposal_limits(intent), lambda t: t != "z", starts, ends)
+            relay, found, ids, _ = read_record(record, proposal_limits(intent), lambda t: t != "z", starts, ends)
             from_summary = _summarized(record, proposal_limits(intent), lambda t: t != "z")
             if from_summary is not None:  # then exactly the block the entries give
                 quick += 1
                 decoded = _decoded(manifest.encode())
                 assert decoded is not None
-                (block,), block_ids, _, _ = _take(decoded[1], proposal_limits(intent), lambda t: t != "z", starts, ends)
+                (block,), block_ids, _ = _take(decoded[1], proposal_limits(intent), lambda t: t != "z", starts, ends)
                 assert isinstance(block, ListedBlock)
                 assert (dict(from_summary[1].last), from_summary[1].txns, from_summary[2]) == \
                     (dict(block.last), block.txns, block_ids)
