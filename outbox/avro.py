@@ -35,7 +35,6 @@ import io
 import json
 import logging
 import math
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,7 +100,7 @@ class AvroEncoder:
             return check_framed(payload, 5)
         record = record_of(payload)
         schema = self._schemas.get(topic)
-        if schema is None or time.monotonic() >= schema.refresh_at:
+        if schema is None or self._clock.now() >= schema.refresh_at:
             schema = self._schema(topic, schema)
         if type(record) is dict and (schema.nested or not schema.names.issuperset(record)):
             field = schema.unknown(record)

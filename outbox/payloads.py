@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import orjson
@@ -49,23 +50,27 @@ class SubjectClock:
     """When a relay asks the registry about a topic's subject again: a refresh once
     ``refresh_seconds`` have passed since the last one (a registry that did not answer one is not
     asked about any subject again for as long), and an ask on a payload's unknown field, at most
-    once per :data:`MISS_ASK_SECONDS` per subject."""
+    once per :data:`MISS_ASK_SECONDS` per subject. Its ``now`` and ``sleep`` are the relay's whole
+    sense of time for schemas, so a test replaces them here, never in the process-wide ``time``
+    module that Spark's and Kafka's threads also run on."""
 
     def __init__(self, refresh_seconds: float) -> None:
         self.refresh_seconds = refresh_seconds
         self._asked: dict[str, float] = {}
         self._quiet_until = 0.0
+        self.now: Callable[[], float] = time.monotonic
+        self.sleep: Callable[[float], None] = time.sleep
 
     def next_refresh(self) -> float:
         """The monotonic time a schema taken now is due to be checked again."""
-        return max(time.monotonic() + self.refresh_seconds, self._quiet_until)
+        return max(self.now() + self.refresh_seconds, self._quiet_until)
 
     def may_refresh(self) -> bool:
-        return time.monotonic() >= self._quiet_until
+        return self.now() >= self._quiet_until
 
     def refresh_failed(self, url: str, subject: str, error: Exception, kept: str) -> None:
         """A refresh the registry did not answer: the relay goes on with the schema it has (``kept``)."""
-        self._quiet_until = time.monotonic() + self.refresh_seconds
+        self._quiet_until = self.now() + self.refresh_seconds
         log.warning("the schema registry at %s did not answer the relay's check of subject %r for a newer version "
                     "(%s); the relay goes on with %s and asks again in %.0f s", url, subject,
                     error.why if isinstance(error, RegistryOutage) else error, kept, self.refresh_seconds)
@@ -76,11 +81,11 @@ class SubjectClock:
         since would then refuse a payload that it describes."""
         last = self._asked.get(subject)
         if last is not None:
-            time.sleep(max(0.0, last + MISS_ASK_SECONDS - time.monotonic()))
+            self.sleep(max(0.0, last + MISS_ASK_SECONDS - self.now()))
 
     def asked(self, subject: str) -> None:
         """The registry answered an ask on an unknown field (its answer is the schema kept)."""
-        self._asked[subject] = time.monotonic()
+        self._asked[subject] = self.now()
 
 
 class PayloadEncoder(Protocol):

@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,7 +67,7 @@ class ProtobufEncoder:
         found = self._targets.get(topic)
         if found is None:
             return self._newest(topic, None)
-        if time.monotonic() < found.refresh_at:
+        if self._clock.now() < found.refresh_at:
             return found
         if not self._clock.may_refresh():
             found.refresh_at = self._clock.next_refresh()

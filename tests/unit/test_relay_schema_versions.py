@@ -75,25 +75,23 @@ def _id(value: bytes | None) -> int:
     return int.from_bytes(value[1:5], "big")
 
 
-def _clock(monkeypatch: pytest.MonkeyPatch) -> tuple[list[float], list[float]]:
-    """A stand-in for the monotonic clock that the relay's waits move on: (now, each wait)."""
+def _clock(encoder: AvroEncoder) -> tuple[list[float], list[float]]:
+    """A stand-in for the encoder's clock, which its waits move on: (now, each wait)."""
     now, slept = [1000.0], []
 
     def sleep(seconds: float) -> None:
         slept.append(seconds)
         now[0] += seconds
 
-    for module in ("outbox.avro", "outbox.payloads"):
-        monkeypatch.setattr(f"{module}.time.monotonic", lambda: now[0])
-    monkeypatch.setattr("outbox.payloads.time.sleep", sleep)
+    encoder._clock.now = lambda: now[0]
+    encoder._clock.sleep = sleep
     return now, slept
 
 
-def test_a_field_no_version_has_is_invalid_and_asked_about_once_per_few_seconds(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    _, slept = _clock(monkeypatch)
+def test_a_field_no_version_has_is_invalid_and_asked_about_once_per_few_seconds() -> None:
     client = _Client(V1)
     encoder = _encoder(client)
+    _, slept = _clock(encoder)
     assert _id(encoder.encode("t", b'{"key": "a", "seq": 1}')) == 11
     for _ in range(3):
         with pytest.raises(InvalidPayload, match=r"t-value.*'chanel'.*version 1 \(id 11\)"):
@@ -102,11 +100,10 @@ def test_a_field_no_version_has_is_invalid_and_asked_about_once_per_few_seconds(
     assert client.asked == 4 and slept == [5.0, 5.0]
 
 
-def test_a_version_registered_just_after_a_miss_is_taken_not_refused_by_the_older_answer(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    now, slept = _clock(monkeypatch)
+def test_a_version_registered_just_after_a_miss_is_taken_not_refused_by_the_older_answer() -> None:
     client = _Client(V1)
     encoder = _encoder(client)
+    now, slept = _clock(encoder)
     with pytest.raises(InvalidPayload, match="'channel'"):
         encoder.encode("t", b'{"key": "a", "seq": 1, "channel": "web"}')
     now[0] += 1
@@ -125,12 +122,10 @@ def test_a_newer_version_with_the_field_is_taken_on_the_miss_and_kept() -> None:
     assert client.asked == 2
 
 
-def test_a_newer_version_is_taken_once_the_refresh_is_due(monkeypatch: pytest.MonkeyPatch) -> None:
-    now = [1000.0]
-    monkeypatch.setattr("outbox.avro.time.monotonic", lambda: now[0])
-    monkeypatch.setattr("outbox.payloads.time.monotonic", lambda: now[0])
+def test_a_newer_version_is_taken_once_the_refresh_is_due() -> None:
     client = _Client(V1)
     encoder = _encoder(client, schema_refresh_seconds=60)
+    now, _ = _clock(encoder)
     assert _id(encoder.encode("t", b'{"key": "a", "seq": 1}')) == 11
     client.versions.append(V2)
     now[0] += 59
@@ -139,14 +134,11 @@ def test_a_newer_version_is_taken_once_the_refresh_is_due(monkeypatch: pytest.Mo
     assert _id(encoder.encode("t", b'{"key": "a", "seq": 3}')) == 12 and client.asked == 2
 
 
-def test_a_registry_that_does_not_answer_is_waited_for_on_a_lookup_and_outlasted_on_a_refresh(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    now = [1000.0]
-    monkeypatch.setattr("outbox.avro.time.monotonic", lambda: now[0])
-    monkeypatch.setattr("outbox.payloads.time.monotonic", lambda: now[0])
+def test_a_registry_that_does_not_answer_is_waited_for_on_a_lookup_and_outlasted_on_a_refresh() -> None:
     client = _Client(V1)
     client.down = True
     encoder = _encoder(client, schema_refresh_seconds=60)
+    now, _ = _clock(encoder)
     with pytest.raises(RegistryOutage, match=r"registry\.test.*subject 't-value'.*Connection refused") as raised:
         encoder.encode("t", b'{"key": "a", "seq": 1}')
     assert (raised.value.url, raised.value.subject) == (URL, "t-value")
