@@ -222,7 +222,7 @@ class Setup:
 
     def batch(self, job: Any, records: int) -> float:
         started = time.perf_counter()
-        _, result = job.protocol.run_batch(job.snapshot(), job._new_partition_starts, records)
+        _, result = job.protocol.run_batch(job.snapshot())
         elapsed = time.perf_counter() - started
         if result is None or result.rows + result.quarantined != records:
             raise AssertionError(f"{self.name}: expected a batch of {records} records, got {result}")

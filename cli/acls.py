@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from cli.context import CONFIG
+
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add this group's commands to the ``tidemark`` parser."""
-    acls = sub.add_parser("acls", help="the Kafka ACLs the relay and the ingest need (kafka-acls commands); "
+    acls = sub.add_parser("acls", parents=[CONFIG],
+                          help="the Kafka ACLs the relay and the ingest need (kafka-acls commands); "
                                        "--apply creates them")
-    acls.add_argument("--config", default="tidemark.yaml", help="config file (default ./tidemark.yaml)")
     acls.add_argument("--relay-principal", metavar="NAME",
                       help="the relay's user (default: relay.kafka_security's user or certificate CN, else relay)")
     acls.add_argument("--ingest-principal", metavar="NAME",

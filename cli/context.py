@@ -7,6 +7,12 @@ import argparse
 from tidemark.errors import ConfigError
 from tidemark.settings import settings
 
+#: The ``--config`` option, declared once: every command that reads ``tidemark.yaml`` takes
+#: it as a parent parser (``sub.add_parser(..., parents=[CONFIG])``).
+CONFIG = argparse.ArgumentParser(add_help=False)
+CONFIG.add_argument("--config", default="tidemark.yaml", metavar="FILE",
+                    help="the configuration file (default ./tidemark.yaml)")
+
 
 def pipeline_of(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     """(config, pipeline, bootstrap servers) for commands that act on one pipeline."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from cli.context import pipeline_of
+from cli.context import CONFIG, pipeline_of
 from cli.output import table
 
 if TYPE_CHECKING:
@@ -16,15 +16,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add this group's commands to the ``tidemark`` parser."""
     offsets = sub.add_parser("offsets", help="stored offsets of a pipeline")
     offsets_sub = offsets.add_subparsers(dest="action", required=True, metavar="ACTION")
-    show = offsets_sub.add_parser("show", help="per partition: committed offset, LSO, lag; the batch history")
+    show = offsets_sub.add_parser("show", parents=[CONFIG],
+                                  help="per partition: committed offset, LSO, lag; the batch history")
     show.add_argument("pipeline")
-    show.add_argument("--config", default="tidemark.yaml")
     show.add_argument("--last", type=int, default=10, help="how many batches of history to show")
     show.add_argument("--json", action="store_true", help="machine-readable output")
     show.set_defaults(func=cmd_offsets_show)
 
     seek = offsets_sub.add_parser(
-        "seek", help="move the pipeline to other offsets: a batch of its own, under the pipeline's fence",
+        "seek", parents=[CONFIG],
+        help="move the pipeline to other offsets: a batch of its own, under the pipeline's fence",
         description="Move a pipeline (running or not) to chosen offsets. The seek is claimed in the ledger like a "
                     "batch, so a running `ingest --follow` loses no batch and goes on from the new offsets. Moving "
                     "back needs --reprocess, moving forward --skip; --dry-run prints the plan.")
@@ -43,7 +44,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     seek.add_argument("--skip", action="store_true", help="allow moving forward: records are passed over "
                                                           "(recorded in the ledger)")
     seek.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
-    seek.add_argument("--config", default="tidemark.yaml")
     seek.set_defaults(func=cmd_offsets_seek)
 
 

@@ -5,23 +5,24 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from cli.context import metrics_arguments, pipeline_of, serve_metrics, servers_answering
+from cli.context import CONFIG, metrics_arguments, pipeline_of, serve_metrics, servers_answering
 from cli.output import table
 from tidemark.settings import settings
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add this group's commands to the ``tidemark`` parser."""
-    ingest = sub.add_parser("ingest", help="ingest a pipeline's topics into its Delta table, exactly once")
+    ingest = sub.add_parser("ingest", parents=[CONFIG],
+                            help="ingest a pipeline's topics into its Delta table, exactly once")
     ingest.add_argument("pipeline")
-    ingest.add_argument("--config", default="tidemark.yaml", help="config file (default ./tidemark.yaml)")
     ingest.add_argument("--follow", action="store_true",
                         help="keep ingesting micro-batches; SIGTERM finishes the batch in flight and exits")
     metrics_arguments(ingest)
     ingest.set_defaults(func=cmd_ingest)
 
     backfill = sub.add_parser(
-        "backfill", help="re-read Kafka into another Delta table, exactly once (re-run to resume)",
+        "backfill", parents=[CONFIG],
+        help="re-read Kafka into another Delta table, exactly once (re-run to resume)",
         description="Re-read stored batches' exact ranges, or everything from offsets or a time up to now, "
                     "into a new Delta table. Stops with a clear error if retention deleted the records.")
     backfill.add_argument("pipeline")
@@ -30,16 +31,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     what.add_argument("--batches", metavar="FIRST[-LAST]", help="stored batches, e.g. 3-7 (see `offsets show`)")
     what.add_argument("--from-offsets", metavar="SPEC", help="TOPIC:PARTITION=OFFSET,... for every partition")
     what.add_argument("--from-timestamp", metavar="ISO8601", help="e.g. 2026-01-31T00:00:00Z")
-    backfill.add_argument("--config", default="tidemark.yaml", help="config file (default ./tidemark.yaml)")
     backfill.set_defaults(func=cmd_backfill)
 
     maint = sub.add_parser(
-        "maintain", help="compact and vacuum a pipeline's tables (safe while ingest runs)",
+        "maintain", parents=[CONFIG], help="compact and vacuum a pipeline's tables (safe while ingest runs)",
         description="OPTIMIZE the target, quarantine and ledger (bin-packing; Z-ORDER by "
                     "maintenance.zorder_by), then VACUUM with the table's retention, refused if shorter than "
                     "maintenance.time_travel_hours. Runs beside ingest: compaction never conflicts with its commits.")
     maint.add_argument("pipeline")
-    maint.add_argument("--config", default="tidemark.yaml", help="config file (default ./tidemark.yaml)")
     maint.add_argument("--apply-properties", action="store_true",
                        help="also set the maintenance table properties on existing tables (a metadata commit: "
                             "a batch committing at that instant is retried)")

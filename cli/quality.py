@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import argparse
 
-from cli.context import pipeline_of
+from cli.context import CONFIG, pipeline_of
 from cli.output import table
 from tidemark.settings import settings
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add this group's commands to the ``tidemark`` parser."""
-    check = sub.add_parser("check", help="quality checks of a pipeline's table (Great Expectations); "
+    check = sub.add_parser("check", parents=[CONFIG], help="quality checks of a pipeline's table (Great Expectations); "
                                          "exit 1 if any fails")
     check.add_argument("pipeline")
-    check.add_argument("--config", default="tidemark.yaml")
     check.add_argument("--docs", metavar="DIR", help="where the GX project and Data Docs live "
                                                      "(default ~/.tidemark/quality)")
     check.set_defaults(func=cmd_check)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from cli.context import metrics_arguments, relay_of, serve_metrics
+from cli.context import CONFIG, metrics_arguments, relay_of, serve_metrics
 from cli.output import table
 from tidemark.errors import ConfigError
 
@@ -13,14 +13,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add this group's commands to the ``tidemark`` parser."""
     outbox = sub.add_parser("outbox", help="the application's outbox table")
     outbox_sub = outbox.add_subparsers(dest="action", required=True, metavar="ACTION")
-    init = outbox_sub.add_parser("init", help="create the outbox table, its publication and replication slot "
+    init = outbox_sub.add_parser("init", parents=[CONFIG],
+                                 help="create the outbox table, its publication and replication slot "
                                               "(idempotent)")
     init.add_argument("--reset-relay", action="store_true",
                       help="recovery (docs/operations.md, 'Relay recovery'): recreate the slot, requeue the outbox "
                            "rows that remain, and start the relay's position there")
     relay = sub.add_parser("relay", help="the outbox relay: committed outbox rows to Kafka, exactly once")
     relay_sub = relay.add_subparsers(dest="action", required=True, metavar="ACTION")
-    run = relay_sub.add_parser("run", help="relay until SIGTERM (one source transaction per Kafka transaction)")
+    run = relay_sub.add_parser("run", parents=[CONFIG],
+                               help="relay until SIGTERM (one source transaction per Kafka transaction)")
     run.add_argument("--idle-exit", type=float, metavar="SECONDS",
                      help="stop after this long without a new transaction (for batch use and tests)")
     run.add_argument("--partitions", type=int, help="partitions of event topics the relay creates "
@@ -28,14 +30,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     run.add_argument("--replication-factor", type=int, help="of topics the relay creates "
                                                             "(default relay.replication_factor, else the cluster's)")
     metrics_arguments(run)
-    status = relay_sub.add_parser("status", help="position, slot, lag in events and seconds")
-    dead = relay_sub.add_parser("dead-letter", help="acknowledge a refused source transaction: move it whole to "
+    status = relay_sub.add_parser("status", parents=[CONFIG],
+                                  help="position, slot, lag in events and seconds")
+    dead = relay_sub.add_parser("dead-letter", parents=[CONFIG],
+                                help="acknowledge a refused source transaction: move it whole to "
                                                     "the dead letters, so the relay skips it")
     dead.add_argument("--xid", type=int, required=True, help="the transaction id the relay's error named")
     dead.add_argument("--reason", default="acknowledged by an operator (tidemark relay dead-letter)")
     for p, func in ((init, cmd_outbox_init), (run, cmd_relay_run), (status, cmd_relay_status),
                     (dead, cmd_relay_dead_letter)):
-        p.add_argument("--config", default="tidemark.yaml", help="config file (default ./tidemark.yaml if present)")
         p.add_argument("--relay-id", help="overrides relay.id of the config")
         p.set_defaults(func=func)
 

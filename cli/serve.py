@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from cli.context import metrics_arguments, relay_of, serve_metrics
+from cli.context import CONFIG, metrics_arguments, relay_of, serve_metrics
 from cli.output import size, table
 from tidemark.errors import ConfigError
 from tidemark.settings import settings
@@ -12,9 +12,9 @@ from tidemark.settings import settings
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add this group's commands to the ``tidemark`` parser."""
-    serve = sub.add_parser("serve", help="serve the pipelines' Prefect deployments (ingest and audit "
+    serve = sub.add_parser("serve", parents=[CONFIG],
+                           help="serve the pipelines' Prefect deployments (ingest and audit "
                                          "schedules, backfill) until SIGTERM")
-    serve.add_argument("--config", default="tidemark.yaml")
     serve.add_argument("--relay", action="store_true", help="also supervise the outbox relay "
                                                             "(restarted with backoff on crash)")
     serve.add_argument("--no-warm-driver", dest="warm_driver", action="store_false",
@@ -22,9 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     metrics_arguments(serve)
     serve.set_defaults(func=cmd_serve)
 
-    status_p = sub.add_parser("status", help="one screen: each pipeline's offsets, LSO, lag, last batch, "
+    status_p = sub.add_parser("status", parents=[CONFIG],
+                              help="one screen: each pipeline's offsets, LSO, lag, last batch, "
                                              "last quality verdict; the relay's lag")
-    status_p.add_argument("--config", default="tidemark.yaml")
     status_p.add_argument("--no-relay", dest="relay", action="store_false", help="skip the relay's section")
     status_p.add_argument("--json", action="store_true", help="machine-readable output")
     status_p.set_defaults(func=cmd_status)

@@ -1,17 +1,19 @@
-"""What the commit protocol and the pipelines that feed it exchange about one batch.
+"""The one seam between the commit protocol and the pipelines that feed it.
 
 The protocol (``offsets.protocol``) owns the steps that matter for exactly-once; a pipeline
-(``pipelines.ingest``, ``pipelines.backfill``) owns what a batch's records become. They meet
-here: the frames a pipeline builds for an intent, the guard a G3 write checks, the
-decisions it makes in step 2, and the result each batch reports. Kept apart from the
-protocol's steps so that a pipeline's modules name these without reaching into them.
+(``pipelines.ingest``, which backfill and seek run through) owns what a batch's records
+become. They meet here, and only here: :class:`BatchSource` is the pipeline's side of every
+batch, one object handed to the protocol once; the frames it builds for an intent, the
+guard a G3 write checks and the result each batch reports are what passes through it.
+Kept apart from the protocol's steps so that a pipeline's modules name these without
+reaching into them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from offsets.ledger import TP, Intent
 
@@ -89,21 +91,54 @@ class BatchResult:
     """Records this run appended to quarantine."""
 
 
-#: Builds a batch's frames from its intent; must be deterministic in the intent.
-FrameBuilder = Callable[[Intent], BatchFrames]
+class BatchSource(Protocol):
+    """The pipeline's side of a batch, in the order the protocol's steps ask for it.
 
-#: Step 2's second half: a planned intent, the batch before it and the partitions' bounds
-#: (LSOs) it was planned to, to the intent with the pipeline's decisions made (may shrink
-#: its ranges, or mark it guarded).
-Decide = Callable[[Intent, "Intent | None", Mapping[TP, "PartitionBounds"]], Intent]
+    Step 2 plans from :attr:`max_records` and :attr:`max_bytes`, the starts of partitions
+    without a stored end (:meth:`new_starts`) and the bytes per offset (:meth:`sizes`), then
+    lets :meth:`decide` fix what a replay must repeat. Step 4 writes :meth:`frames` with
+    :meth:`write_options`, and revises a guarded batch whose check failed by :meth:`revise`.
+    Every method must be deterministic in the intent it is given: a replay rebuilds the same
+    batch from the ledger alone.
+    """
 
-#: Step 4's revision of a guarded intent whose check failed: a proposal for the same batch (its
-#: ranges re-planned from the same starts, the guarded intent's other decisions kept), the batch
-#: before it and the bounds it is planned to (None: the pipeline's own snapshot, now), to the
-#: proposal decided without the guard: cut by the planning scan.
-Revise = Callable[[Intent, "Intent | None", "Mapping[TP, PartitionBounds] | None"], Intent]
+    keep_warm: bool
+    """The session outlives this batch (``--follow``, ``serve``): after step 6 the protocol
+    computes the target's new snapshot state on a thread, off the next batch's commit path."""
 
-#: Where partitions without a stored end start: given them, the bounds the batch is planned
-#: to, and whether the pipeline has committed a batch before (then they are new to a
-#: running pipeline, not its first start). Every start must lie within those bounds.
-NewPartitionStarts = Callable[[list[TP], Mapping[TP, "PartitionBounds"], bool], Mapping[TP, int]]
+    @property
+    def max_records(self) -> int:
+        """The record cap of a batch (step 2 may grow it to take a source transaction whole)."""
+
+    @property
+    def max_bytes(self) -> int | None:
+        """The byte cap of a batch, estimated by :meth:`sizes`; None: none."""
+
+    def new_starts(self, partitions: list[TP], bounds: Mapping[TP, PartitionBounds],
+                   known: bool) -> Mapping[TP, int]:
+        """Where ``partitions`` (no stored end) start, within ``bounds`` (the snapshot the batch
+        is planned to); ``known``: the pipeline has committed a batch before, so they are new to
+        a running pipeline, not its first start."""
+
+    def sizes(self, ranges: Mapping[TP, tuple[int, int]]) -> Mapping[TP, float]:
+        """Bytes per offset of each partition's ``(start, end)``, for a byte cap."""
+
+    def decide(self, intent: Intent, last: Intent | None, bounds: Mapping[TP, PartitionBounds]) -> Intent:
+        """Step 2's second half: the planned ``intent`` with the pipeline's decisions made (it may
+        shrink the ranges, or mark the intent guarded), given the batch before and the bounds."""
+
+    def revise(self, proposal: Intent, last: Intent | None,
+               bounds: Mapping[TP, PartitionBounds] | None) -> Intent:
+        """Step 4's revision of a guarded intent whose check failed: ``proposal`` (its ranges
+        planned again from the same starts, its other decisions kept) decided without the
+        guard; ``bounds`` None: the pipeline's own snapshot, now."""
+
+    def frames(self, intent: Intent) -> BatchFrames:
+        """What ``intent``'s batch writes, from one read of its ranges."""
+
+    def write_options(self) -> Mapping[str, str]:
+        """Writer options of step 4's append to the target only (``mergeSchema`` when the batch
+        adds or widens columns, so the new schema lands in the batch's own commit)."""
+
+    def reached(self, step: str) -> None:
+        """Told each named step as it is reached (the crash points' names): timing, never control."""

@@ -15,7 +15,8 @@ ledger; docs/design.md has the table of every crash point between them):
    ``(txnAppId, txnVersion)`` it already holds.
 2. **Plan** ``N+1``: from ``N``'s end offsets (the start policy for partitions that are
    new), up to a snapshot of each partition's LSO, within the record cap. Then the
-   pipeline's ``decide`` fixes what a replay must repeat, not re-make: the cut at
+   pipeline's ``decide`` (through :class:`offsets.frames.BatchSource`, the one object a
+   pipeline hands the protocol) fixes what a replay must repeat, not re-make: the cut at
    source-transaction boundaries (G3, :mod:`offsets.cut`), the incomplete transactions
    released past their timeout, the table version dedup reads. A cut that leaves
    nothing grows the cap fourfold until a transaction fits whole. Nothing to read: stop
@@ -86,15 +87,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Self
 
 from connectors.admin import PartitionBounds
-from offsets.frames import (
-    GUARD_TRIPPED,
-    BatchFrames,
-    BatchResult,
-    Decide,
-    FrameBuilder,
-    NewPartitionStarts,
-    Revise,
-)
+from offsets.frames import GUARD_TRIPPED, BatchFrames, BatchResult, BatchSource
 from offsets.ledger import TP, Intent, Ledger, LedgerMismatchError, commit_metadata, now_utc, recent_commits
 from offsets.planner import plan_ranges
 from offsets.tables import (
@@ -282,15 +275,21 @@ def _crash_point(name: str, pipeline: str) -> None:
         raise InjectedFault(f"injected failure at step {name!r} of pipeline {pipeline!r} (TIDEMARK_RAISE_AT)")
 
 
+#: Step 2's decisions on a planned intent (the source's ``decide``, or a revision's).
+_Decide = Callable[[Intent, "Intent | None", Mapping[TP, PartitionBounds]], Intent]
+
+
 class CommitProtocol:
     def __init__(
-        self, spark: SparkSession, *, pipeline: str, target: str, quarantine: str, ledger: str,
-        build_frames: FrameBuilder, partition_by: tuple[str, ...] = (), decide: Decide | None = None,
-        revise: Revise | None = None, table_properties: Mapping[str, str] | None = None,
+        self, spark: SparkSession, source: BatchSource, *, pipeline: str, target: str, quarantine: str, ledger: str,
+        partition_by: tuple[str, ...] = (), table_properties: Mapping[str, str] | None = None,
         checkpoint_every: int | None = None,
     ) -> None:
         require_exclusive_commits(spark, (target, quarantine, ledger))
         self.spark = spark
+        self.source = source
+        """The pipeline's side of every batch (:class:`offsets.frames.BatchSource`): the only way
+        the protocol reaches back into the pipeline."""
         self.pipeline = pipeline
         self.target = target
         self.quarantine = quarantine
@@ -299,27 +298,15 @@ class CommitProtocol:
         self.ledger = Ledger(spark, ledger, pipeline, table_properties=self.table_properties)
         self.checkpoint_every = checkpoint_every
         """Step 6's interval in versions; None: Spark's own checkpoints only."""
-        self.build_frames = build_frames
-        self.decide = decide
-        self.revise = revise
         self.partition_by = partition_by
         self.writer_id = uuid.uuid4().hex
         self._settled: Intent | None = None
         """The newest batch this process knows is committed and settled (skips step 1's reads)."""
         self.settled_marker = f"{ledger.rstrip('/')}/_tidemark_settled/{pipeline}.json"
-        self.on_step: Callable[[str], None] | None = None
-        """Told each named step as it is reached (the crash points' names): timing, never control."""
-        self.keep_warm = False
-        """The session outlives this batch (``--follow``, ``serve``): after step 6, compute the
-        target's new snapshot state on a thread, off the next batch's commit path."""
         self._warming: threading.Thread | None = None
         """The warm-up in flight, if any (:meth:`quiesce` waits for it)."""
         self._limits: _Limits | None = None
         """The bounds and caps of the batch being planned (None: a batch planned elsewhere, a backfill's)."""
-        self.target_options: dict[str, str] = {}
-        """Writer options of step 4's append to the target only: ``mergeSchema`` when the pipeline's
-        schema evolution found the batch adds or widens columns (:mod:`pipelines.evolution`), so the
-        new schema lands in the batch's own commit."""
 
     def forget(self) -> None:
         """Read the tables at the next step 1 instead of trusting this process's last settled batch:
@@ -327,8 +314,7 @@ class CommitProtocol:
         self._settled = None
 
     def _reached(self, step: str) -> None:
-        if self.on_step is not None:
-            self.on_step(step)
+        self.source.reached(step)
         _crash_point(step, self.pipeline)
 
     # -- what the tables record -------------------------------------------------------
@@ -383,7 +369,7 @@ class CommitProtocol:
             return last, None
         else:
             # Committed, but step 5 is not recorded: count the batch's bad records again.
-            quarantined = self._quarantine(last, self.build_frames(last), bad_count=None)
+            quarantined = self._quarantine(last, self.source.frames(last), bad_count=None)
             result = BatchResult(last, True, 0, quarantined)
         self._mark_settled(last)
         return last, result
@@ -395,7 +381,7 @@ class CommitProtocol:
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
-        frames = self.build_frames(intent)
+        frames = self.source.frames(intent)
         tag = f"{self.pipeline}-{intent.batch_id}-{uuid.uuid4().hex[:8]}"
         read, kept = Observation(f"tidemark-read-{tag}"), Observation(f"tidemark-kept-{tag}")
         # A pipeline without G3 (no guard) writes a guarded intent as it stands. The guard is
@@ -459,9 +445,6 @@ class CommitProtocol:
         """Guarded ``intent``'s revision, as the ledger stores it (ours, or a racing rival's)."""
         from pyspark.sql import Observation
 
-        if self.revise is None:
-            raise TerminalError(f"batch {intent.batch_id} is guarded and its check failed, but this job has no "
-                                "planning scan to revise it with; run `tidemark ingest` for the pipeline") from error
         why = re.search(re.escape(GUARD_TRIPPED) + r"(.*?)(?: SQLSTATE|\n|$)", str(error))
         log.info("batch %d: %s; planning it again with the scan (docs/design.md, G3 without a scan)",
                  intent.batch_id, why.group(1) if why else "a record belongs to a multi-event source transaction")
@@ -491,8 +474,7 @@ class CommitProtocol:
         (:meth:`_plan`). The manifest cursor is dropped: the read it came from missed what
         tripped the guard, so the next batch finds its manifest records again by time.
         """
-        assert self.revise is not None
-        revise = self.revise
+        revise = self.source.revise
         kept = replace(guarded, guarded=False, manifest=None)
         limits = self._limits
         starts = {r.tp: r.start for r in guarded.ranges}
@@ -559,8 +541,8 @@ class CommitProtocol:
         writer = (df.write.format("delta").mode("append")
                   .option("txnAppId", self.pipeline).option("txnVersion", intent.batch_id)
                   .option("userMetadata", intent.to_json(write=token)).options(**self.table_properties))
-        if path == self.target and self.target_options:
-            writer = writer.options(**self.target_options)
+        if path == self.target:
+            writer = writer.options(**self.source.write_options())
         if partition_by:
             writer = writer.partitionBy(*partition_by)
         try:
@@ -576,16 +558,11 @@ class CommitProtocol:
 
     # -- the whole batch ------------------------------------------------------------
 
-    def run_batch(
-        self, bounds: Mapping[TP, PartitionBounds], new_partition_starts: NewPartitionStarts,
-        max_offsets: int, *, max_bytes: int | None = None,
-        sizes: Callable[[Mapping[TP, tuple[int, int]]], Mapping[TP, float]] | None = None,
-    ) -> tuple[BatchResult | None, BatchResult | None]:
-        """Steps 1-5. Returns (the replay of the last batch if one ran, the new batch or None).
-
-        With ``max_bytes``, ``sizes`` estimates the bytes per offset of each partition's
-        ``(start, end)`` for the plan (``connectors.sizes.bytes_per_offset``).
-        """
+    def run_batch(self, bounds: Mapping[TP, PartitionBounds]) -> tuple[BatchResult | None, BatchResult | None]:
+        """Steps 1-5 up to ``bounds`` (a snapshot of the LSOs), within the source's caps. Returns
+        (the replay of the last batch if one ran, the new batch or None)."""
+        source = self.source
+        max_offsets, max_bytes = source.max_records, source.max_bytes
         self._limits = _Limits(bounds, max_offsets, max_bytes)
         # Step 1. Recover.
         last, replay = self.recover()
@@ -594,13 +571,13 @@ class CommitProtocol:
         # Step 2. Plan N+1.
         previous = last.ends() if last else {}
         fresh = [tp for tp in bounds if tp not in previous]
-        starts = new_partition_starts(fresh, bounds, last is not None) if fresh else {}
+        starts = source.new_starts(fresh, bounds, last is not None) if fresh else {}
         next_id = (last.batch_id if last else 0) + 1
         weights: Mapping[TP, float] | None = None
-        if max_bytes is not None and sizes is not None:
+        if max_bytes is not None:
             # Only readable starts: one below the log start is the planner's to report (retention loss).
             readable = {tp: (previous.get(tp, starts.get(tp, b.stable_end)), b.stable_end) for tp, b in bounds.items()}
-            weights = sizes({tp: r for tp, r in readable.items() if r[0] >= bounds[tp].log_start})
+            weights = source.sizes({tp: r for tp, r in readable.items() if r[0] >= bounds[tp].log_start})
         self._limits = replace(self._limits, weights=weights)
         intent = self._plan(next_id, last, bounds, starts, max_offsets, max_bytes, weights)
         if intent.is_empty and set(bounds) <= set(previous) and not intent.starts_waiting(last):
@@ -622,7 +599,7 @@ class CommitProtocol:
 
     def _plan(self, batch_id: int, last: Intent | None, bounds: Mapping[TP, PartitionBounds],
               starts: Mapping[TP, int], max_offsets: int, max_bytes: int | None = None,
-              weights: Mapping[TP, float] | None = None, decide: Decide | None = None) -> Intent:
+              weights: Mapping[TP, float] | None = None, decide: _Decide | None = None) -> Intent:
         """Step 2: ranges within the cap, then the pipeline's decisions (``decide``, default the pipeline's).
 
         If the cut leaves nothing, a source transaction is larger than the caps let a
@@ -642,14 +619,14 @@ class CommitProtocol:
         """
         planned_at = now_utc()
         previous = last.ends() if last else {}
-        decide = decide or self.decide
+        decide = decide or self.source.decide
         cap, byte_cap = max_offsets, max_bytes
         fits: Intent | None = None
         """The largest non-empty cut within the caps so far (the fill growth's fallback)."""
         while True:
             ranges = plan_ranges(previous, bounds, starts, cap, max_bytes=byte_cap, bytes_per_offset=weights)
             intent = Intent(self.pipeline, batch_id, self.writer_id, planned_at, ranges)
-            if decide is None or intent.is_empty:
+            if intent.is_empty:
                 return intent
             decided = decide(intent, last, bounds)
             readable = sum(b.stable_end - (previous[tp] if tp in previous else starts[tp])
@@ -732,7 +709,7 @@ class CommitProtocol:
         One at a time; the next append's ``txnAppId`` check waits for a computation in flight
         (a Scala lazy value) instead of running its own.
         """
-        if not self.keep_warm or (self._warming is not None and self._warming.is_alive()):
+        if not self.source.keep_warm or (self._warming is not None and self._warming.is_alive()):
             return
 
         def warm() -> None:

@@ -43,7 +43,7 @@ def ingest(spark: SparkSession, config: str, pipeline: str,
     ctx = pipeline_context(config, pipeline)
     job = IngestJob(spark, ctx.config, ctx.pipeline, ctx.bootstrap)
     job.on_batch = on_batch  # serve's metrics, when the warm driver runs it
-    job.protocol.keep_warm = keep_warm
+    job.keep_warm = keep_warm
     try:
         report = job.run_bounded()
     finally:

@@ -29,7 +29,7 @@ LEASE_SECONDS = 60.0
 run frees it within this plus the server's reaping interval (15 s), not Prefect's default 300 s."""
 
 
-class SlotBusyError(TransientError):
+class PipelineBusyError(TransientError):
     """Another run of the pipeline held its slot for longer than this run would wait."""
 
 
@@ -80,5 +80,5 @@ def pipeline_slot(pipeline: str, *, wait_seconds: float) -> Iterator[Slot]:
     except TimeoutError:
         if slot.acquired_at:
             raise
-        raise SlotBusyError(f"another run of pipeline {pipeline!r} held its slot for {wait_seconds:.0f}s; "
+        raise PipelineBusyError(f"another run of pipeline {pipeline!r} held its slot for {wait_seconds:.0f}s; "
                             "this run was refused (raise schedule.wait_for_slot_seconds to wait longer)") from None

@@ -21,7 +21,7 @@ from connectors.kafka_config import librdkafka_config, spark_options
 from connectors.preflight import spark_refusal
 from connectors.registry import Registry
 from connectors.sizes import bytes_per_offset
-from offsets.frames import BatchResult
+from offsets.frames import BatchFrames, BatchResult
 from offsets.ledger import Intent, Schemas
 from offsets.protocol import CommitProtocol
 from pipelines import subjects, transactions
@@ -155,8 +155,6 @@ class IngestJob:
         self.pipeline = pipeline
         self.dedup_table = dedup_table or pipeline.target
         """Where dedup looks event ids up: the target, or for a backfill of stored batches the original table."""
-        self.held = 0
-        """Source transactions the newest plan left for later (incomplete or split by the cut)."""
         self.start_offsets = dict(start_offsets or {})
         """Explicit start offsets of new partitions (a backfill), instead of the start policy."""
         self.on_outage: Callable[[bool], None] | None = None
@@ -172,55 +170,52 @@ class IngestJob:
         kafka = config.with_security(pipeline.kafka_security).kafka  # the pipeline's own principal, if any
         self.client_config = librdkafka_config(kafka, bootstrap)
         self.kafka_options = spark_options(kafka, bootstrap)
-        self._manifest_reads: transactions.ManifestConsumers | None = None
-        """The consumers this run's manifest reads share (:meth:`_run_scope`)."""
+        self.g3 = transactions.Planner(self.client_config, pipeline) if pipeline.transactions.atomic else None
+        """The pipeline's G3 plan of each batch (its manifest reads share the run's consumers: :meth:`_run_scope`)."""
         self._admin: KafkaAdmin | None = None
         """The admin client this run's snapshots share (:meth:`_run_scope`)."""
-        self._listed: dict[tuple[int, tuple[object, ...]], transactions.RelayRanges] = {}
-        """Per batch cut from the manifest (its id and ranges: step 2 may decide several proposals of one
-        batch): what it listed (its write's guard lets those transactions be)."""
         self.registry = Registry(config.schema_registry, load_settings()) if pipeline.uses_registry else None
         """Where an Avro or Protobuf pipeline's schemas are read (:mod:`pipelines.subjects`)."""
         self._checked_schemas: Schemas | None = None
         """The newest batch schemas checked against the target (:meth:`_check_schemas`)."""
-        self.protocol = CommitProtocol(
-            spark, pipeline=pipeline.name, target=pipeline.target, quarantine=pipeline.quarantine_path,
-            ledger=pipeline.ledger_path, partition_by=pipeline.partition_by, decide=self._decide, revise=self._revise,
-            build_frames=lambda intent: frames(spark, self.kafka_options, pipeline, intent,
-                                               dedup_table=self.dedup_table, listed=self._listed_for(intent),
-                                               registry=self.registry),
-            table_properties=pipeline.maintenance.table_properties(),
-            checkpoint_every=pipeline.maintenance.checkpoint_interval,
-        )
-        self.protocol.on_step = self._reached
+        self.keep_warm = False
+        """The session outlives each batch (``--follow``, ``serve``): see :class:`offsets.frames.BatchSource`."""
+        self._write_options: dict[str, str] = {}
+        """``mergeSchema`` once the pipeline's schema evolution found its batches add or widen columns."""
         if self.registry is not None:
             # A batch's new schema was checked when it was planned (before its claim), its
             # replay's too: every append may evolve the table (pipelines.evolution).
-            self.protocol.target_options = {"mergeSchema": "true"}
+            self._write_options = {"mergeSchema": "true"}
+        self.on_step: Callable[[str], None] | None = None
+        """Told each step of the commit protocol as it is reached, after this job's own timing."""
+        self.protocol = CommitProtocol(
+            spark, self, pipeline=pipeline.name, target=pipeline.target, quarantine=pipeline.quarantine_path,
+            ledger=pipeline.ledger_path, partition_by=pipeline.partition_by,
+            table_properties=pipeline.maintenance.table_properties(),
+            checkpoint_every=pipeline.maintenance.checkpoint_interval,
+        )
         self._marks: list[tuple[str, float]] = []
         self.fetching_at: float | None = None
         """Wall-clock time the first batch of this job started planning: no record is fetched before it."""
         self.schema_change: SchemaChange | None = None
         """What this job's batches do to the target's schema (None: not checked yet; :meth:`evolve_schema`)."""
 
-    def _decide(self, intent: Intent, last: Intent | None, bounds: Mapping[TP, PartitionBounds]) -> Intent:
-        """Step 2's decisions (see offsets.protocol): G3 by a cut or a guard, then dedup's table version."""
+    # -- the pipeline's side of each batch (offsets.frames.BatchSource) -------------------
+
+    @property
+    def max_records(self) -> int:
+        return self.pipeline.max_records_per_batch
+
+    @property
+    def max_bytes(self) -> int | None:
+        return self.pipeline.max_bytes_per_batch
+
+    def decide(self, intent: Intent, last: Intent | None, bounds: Mapping[TP, PartitionBounds]) -> Intent:
+        """Step 2's decisions (see offsets.protocol): G3's plan, the batch's schemas, then dedup's table version."""
         from dataclasses import replace
 
-        if self.pipeline.transactions.atomic:
-            cursor = last.manifest[2] if last is not None and last.manifest is not None else None
-            read = transactions.read_manifest(self.client_config, self.pipeline, intent, cursor,
-                                              self._manifest_reads)
-            if read is not None and read.listed:
-                intent = transactions.cut_listed(self.pipeline, intent, read, bounds, last)
-                self._listed[(intent.batch_id, intent.ranges)] = read.relays
-            elif self._guess_no_multi_event(intent, last):
-                carried = None if read is None else (read.start, read.end, read.next_cursor(intent.ends()))
-                intent = replace(intent, guarded=True, waiting=last.waiting if last else {}, manifest=carried)
-                self._listed[(intent.batch_id, intent.ranges)] = ()
-            else:
-                intent = transactions.cut(self.client_config, self.pipeline, intent, bounds, last)
-        self.held = intent.held
+        if self.g3 is not None:
+            intent = self.g3.decide(intent, last, bounds)
         self.planned = intent
         if self.registry is not None:
             topics = (r.topic for r in intent.ranges)
@@ -230,47 +225,34 @@ class IngestJob:
             intent = replace(intent, dedup_version=table_version(self.spark, self.dedup_table))
         return intent
 
-    def _listed_for(self, intent: Intent) -> transactions.RelayRanges:
-        """What the manifest listed for a batch cut from it (read again for a batch planned by another run)."""
-        if not intent.guarded or intent.manifest is None:
-            return ()
-        key = (intent.batch_id, intent.ranges)
-        if key not in self._listed:
-            self._listed = {k: v for k, v in self._listed.items() if k[0] >= intent.batch_id}  # older: done
-            self._listed[key] = transactions.listed_ranges(self.client_config, self.pipeline, intent)
-        return self._listed[key]
-
-    def _guess_no_multi_event(self, intent: Intent, last: Intent | None) -> bool:
-        """Whether to write ``intent`` guarded rather than scan it first (``transactions.scan: auto``).
-
-        A guess: a batch written guarded predicts another. A pipeline's first batch, and the
-        first after a scan that found none, look at the first records of each range
-        (:func:`pipelines.transactions.probe`, a fraction of a second) before guessing so.
-        A wrong guess costs the start of an aborted write and one ledger append, after which
-        batches are scanned until one finds none again.
-        """
-        if self.pipeline.transactions.scan == "always" or (last is not None and last.waiting):
-            return False
-        if last is not None and last.guarded:
-            return True
-        if last is not None and last.txns != 0:
-            return False
-        return not transactions.probe(self.client_config, self.pipeline, intent)
-
-    def _revise(self, proposal: Intent, last: Intent | None, bounds: Mapping[TP, PartitionBounds] | None) -> Intent:
+    def revise(self, proposal: Intent, last: Intent | None, bounds: Mapping[TP, PartitionBounds] | None) -> Intent:
         """A guarded batch whose write met a multi-event transaction, proposed again: the scan and
         cut, the guarded intent's other decisions kept."""
-        revised = transactions.cut(self.client_config, self.pipeline, proposal,
-                                   self.snapshot() if bounds is None else bounds, last)
-        self.held = revised.held
-        return revised
+        planner = self.g3 or transactions.Planner(self.client_config, self.pipeline)  # a batch stored guarded
+        self.planned = planner.revise(proposal, last, self.snapshot() if bounds is None else bounds)
+        return self.planned
+
+    def frames(self, intent: Intent) -> BatchFrames:
+        listed = self.g3.listed_for(intent) if self.g3 is not None else ()
+        return frames(self.spark, self.kafka_options, self.pipeline, intent, dedup_table=self.dedup_table,
+                      listed=listed, registry=self.registry)
+
+    def write_options(self) -> Mapping[str, str]:
+        return self._write_options
+
+    def reached(self, step: str) -> None:
+        if step == "recovered" and self.fetching_at is None:
+            self.fetching_at = time.time()
+        self._marks.append((step, time.monotonic()))
+        if self.on_step is not None:
+            self.on_step(step)
 
     def snapshot(self) -> dict[TP, PartitionBounds]:
         """Every source partition with its log-start offset and LSO, now (the LSOs of one instant)."""
         with nullcontext(self._admin) if self._admin is not None else KafkaAdmin(self.client_config) as admin:
             return admin.bounds(admin.partitions_matching(self.pipeline.topics, self.pipeline.topic_pattern))
 
-    def _new_partition_starts(self, partitions: list[TP], bounds: Mapping[TP, PartitionBounds],
+    def new_starts(self, partitions: list[TP], bounds: Mapping[TP, PartitionBounds],
                               known: bool) -> Mapping[TP, int]:
         """Starts of ``partitions``, within ``bounds`` (the snapshot the batch is planned to).
 
@@ -298,7 +280,7 @@ class IngestJob:
             starts = transactions.whole_starts(self.client_config, self.pipeline, starts, bounds)
         return starts
 
-    def _sizes(self, ranges: Mapping[TP, tuple[int, int]]) -> Mapping[TP, float]:
+    def sizes(self, ranges: Mapping[TP, tuple[int, int]]) -> Mapping[TP, float]:
         return bytes_per_offset(self.client_config, ranges)
 
     def run_to(self, bounds: Mapping[TP, PartitionBounds], stop: threading.Event | None = None) -> IngestReport:
@@ -314,16 +296,19 @@ class IngestJob:
         settings: :meth:`~pipelines.transactions.ManifestConsumers.kept`), and the admin
         client its snapshots ask (a follower's snapshot is then one metadata and one offsets
         round trip, not a new client's connection)."""
-        if self._manifest_reads is not None:
+        if self._admin is not None:
             yield
             return
         with transactions.ManifestConsumers.kept(self.client_config) as reads:
-            self._manifest_reads = reads
+            if self.g3 is not None:
+                self.g3.reads = reads
             self._admin = KafkaAdmin(self.client_config)
             try:
                 yield
             finally:
-                admin, self._admin, self._manifest_reads = self._admin, None, None
+                admin, self._admin = self._admin, None
+                if self.g3 is not None:
+                    self.g3.reads = None
                 admin.close()
 
     def evolve_schema(self) -> None:
@@ -338,7 +323,7 @@ class IngestJob:
         self.schema_change = self._evolve_to(lambda: good_schema(self.spark, self.kafka_options, self.pipeline),
                                              "the batch's schema")
         if self.schema_change.alters_table:
-            self.protocol.target_options = {"mergeSchema": "true"}
+            self._write_options = {"mergeSchema": "true"}
 
     def _check_schemas(self, schemas: Schemas | None) -> None:
         """Avro and Protobuf: a batch's reader schema against the target's, before its claim (once per
@@ -394,9 +379,7 @@ class IngestJob:
             started = time.monotonic()
             self._marks = [("start", started)]
             try:
-                replay, result = self.protocol.run_batch(
-                    bounds, self._new_partition_starts, self.pipeline.max_records_per_batch,
-                    max_bytes=self.pipeline.max_bytes_per_batch, sizes=self._sizes)
+                replay, result = self.protocol.run_batch(bounds)
             except Exception as exc:
                 if not isinstance(exc, TidemarkError) and _SCHEMA_MOVED.search(str(exc)):
                     self.schema_change = None  # checked again by the next run
@@ -417,9 +400,10 @@ class IngestJob:
                 log.warning("replayed batch %d (%d rows)", replay.intent.batch_id, replay.rows)
                 report.batches.append(replay)
             if result is None:
-                if self.held:
+                held = self.planned.held if self.planned is not None else 0
+                if held:
                     log.info("caught up, except %d source transaction(s) not yet whole (events below the LSO "
-                             "missing: released after transactions.incomplete_timeout_seconds)", self.held)
+                             "missing: released after transactions.incomplete_timeout_seconds)", held)
                 break
             log.info("batch %d committed: %d rows, %d quarantined (%s)",
                      result.intent.batch_id, result.rows, result.quarantined, self._timing())
@@ -427,11 +411,6 @@ class IngestJob:
             if result.intent.is_empty:
                 break  # it moved no offset (a wait's or a partition's start): the next one would not either
         return report
-
-    def _reached(self, step: str) -> None:
-        if step == "recovered" and self.fetching_at is None:
-            self.fetching_at = time.time()
-        self._marks.append((step, time.monotonic()))
 
     def _timing(self) -> str:
         """Seconds per step of the batch just committed, each named by the step it ends (offsets.protocol)."""
@@ -468,7 +447,7 @@ class IngestJob:
     def follow(self, stop: threading.Event) -> IngestReport:
         """Micro-batches until ``stop`` is set; the batch in flight always finishes first. An outage
         (Kafka, the schema registry, the object store) is waited out, however long."""
-        self.protocol.keep_warm = True
+        self.keep_warm = True
         columns_ahead(self.spark, self.pipeline)
         report = IngestReport()
         outages = _Outages(self)

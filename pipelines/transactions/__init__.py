@@ -27,7 +27,7 @@ from pipelines.transactions.headers import (
     txn_struct,
 )
 from pipelines.transactions.manifest import listed_ranges, read_manifest
-from pipelines.transactions.plan import cut, cut_listed
+from pipelines.transactions.plan import Planner, cut, cut_listed
 from pipelines.transactions.scanning import probe, scan, search, spans
 from pipelines.transactions.starts import pulled_back, whole_starts
 
@@ -37,6 +37,7 @@ __all__ = [
     "IncompleteTransactionError",
     "ManifestConsumers",
     "ManifestRead",
+    "Planner",
     "RelayRanges",
     "cut",
     "cut_listed",

@@ -327,7 +327,7 @@ def test_a_second_writer_cannot_claim_a_claimed_batch(spark, kafka_bootstrap: st
     # ... so a, planning from the same state, must lose the claim and write nothing.
     a.protocol.recover = lambda: (None, None)  # type: ignore[method-assign]
     with pytest.raises(ConcurrentWriterError):
-        a.protocol.run_batch(bounds, lambda tps, _bounds, _known: {tp: 0 for tp in tps}, 100)
+        a.protocol.run_batch(bounds)
     from offsets.tables import delta_table_exists
 
     assert not delta_table_exists(spark, pipeline.target)

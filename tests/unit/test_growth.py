@@ -3,7 +3,9 @@ within a hard limit; past it, a wait stays a wait and sheer size is a clear erro
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -13,6 +15,28 @@ from offsets.protocol import MAX_GROWTH, BatchLimitError, CommitProtocol
 
 TPS = [("t", 0), ("t", 1)]
 BOUNDS = {tp: PartitionBounds(0, 1_000_000) for tp in TPS}
+
+
+class _Source:
+    """The pipeline's side of a batch, reduced to step 2's decisions (the rest is never reached)."""
+
+    keep_warm = False
+    max_records = 100
+    max_bytes = None
+
+    def __init__(self, decide: Callable[..., Intent]) -> None:
+        self.decide = decide
+        self.revise: Callable[..., Intent] = decide
+
+    def new_starts(self, *args: object) -> Mapping[Any, int]:
+        raise AssertionError("not reached")
+
+    sizes = frames = write_options = reached = new_starts
+
+
+def _made(decide: Callable[..., Intent]) -> CommitProtocol:
+    return CommitProtocol(None, _Source(decide), pipeline="p", target="/t", quarantine="/q",  # type: ignore[arg-type]
+                          ledger="/l")
 
 
 def _protocol(fits_at: int | None, *, waiting: bool = False, seen: list[int] | None = None) -> CommitProtocol:
@@ -27,8 +51,7 @@ def _protocol(fits_at: int | None, *, waiting: bool = False, seen: list[int] | N
         cut = replace(intent, ranges=tuple(replace(r, end=r.start) for r in intent.ranges))
         return replace(cut, waiting={"7": Wait(now_utc(), {})}) if waiting else cut
 
-    return CommitProtocol(None, pipeline="p", target="/t", quarantine="/q", ledger="/l",  # type: ignore[arg-type]
-                          build_frames=lambda i: None, decide=decide)  # type: ignore[arg-type,return-value]
+    return _made(decide)
 
 
 def _plan(protocol: CommitProtocol, cap: int) -> Intent:
@@ -60,8 +83,7 @@ def _thin(seen: list[int], keep: int = 5) -> CommitProtocol:
         seen.append(sum(r.span for r in intent.ranges))
         return replace(intent, ranges=tuple(replace(r, end=r.start + r.span // keep) for r in intent.ranges))
 
-    return CommitProtocol(None, pipeline="p", target="/t", quarantine="/q", ledger="/l",  # type: ignore[arg-type]
-                          build_frames=lambda i: None, decide=decide)  # type: ignore[arg-type,return-value]
+    return _made(decide)
 
 
 def test_a_thin_cut_grows_the_proposal_to_the_largest_cut_within_the_cap() -> None:
@@ -94,8 +116,7 @@ def test_fill_growth_keeps_the_last_cut_within_the_cap_when_a_larger_one_oversho
         return replace(intent, ranges=tuple(replace(r, end=max(b for b in (0, 10, 200) if b <= r.end))
                                             for r in intent.ranges))
 
-    protocol = CommitProtocol(None, pipeline="p", target="/t", quarantine="/q", ledger="/l",  # type: ignore[arg-type]
-                              build_frames=lambda i: None, decide=decide)  # type: ignore[arg-type,return-value]
+    protocol = _made(decide)
     planned = _plan(protocol, 100)
     assert seen == [100, 200, 400] and [r.end for r in planned.ranges] == [10, 10]
 
@@ -109,12 +130,13 @@ def test_a_revision_plans_again_from_the_starts_with_growth_not_within_the_guard
 
     seen: list[int] = []
     protocol = _protocol(fits_at=1500, seen=seen)
+    decided = protocol.source.decide
 
     def revise(proposal: Intent, last: Intent | None, bounds: object) -> Intent:
         assert proposal.dedup_version == 42 and not proposal.guarded and proposal.manifest is None
-        return protocol.decide(proposal, last, bounds)  # type: ignore[misc]
+        return decided(proposal, last, bounds)
 
-    protocol.revise = revise
+    protocol.source.revise = revise  # type: ignore[attr-defined]
     protocol._limits = _Limits(BOUNDS, 100)
     planned = _plan(protocol, 100)
     guarded = replace(planned, guarded=True, manifest=(0, 9, 9), dedup_version=42)
