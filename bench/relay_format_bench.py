@@ -136,13 +136,13 @@ def check_exactly_once(bootstrap: str, topics: list[str], ids: set[str], fmt: st
     """Every event of ``ids`` once in ``topics`` (read_committed), nothing else, values framed unless
     JSON; the mean value size in bytes."""
     from connectors.topic_reader import read_to_end
-    from outbox import headers as H
+    from outbox import wire
 
     seen: list[str] = []
     size = 0
     for topic in topics:
         for record in read_to_end(bootstrap, topic, timeout=300):
-            seen.append(next(v.decode() for k, v in record.headers if k == H.EVENT_ID))
+            seen.append(next(v.decode() for k, v in record.headers if k == wire.EVENT_ID))
             value = record.value or b""
             size += len(value)
             if fmt != "json" and value[:1] != b"\0":

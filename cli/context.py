@@ -48,7 +48,7 @@ def servers_answering(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 def metrics_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port", type=int, metavar="PORT",
-                        help="serve Prometheus metrics on http://HOST:PORT/metrics (docs/operations.md, Metrics)")
+                        help="serve Prometheus metrics on http://HOST:PORT/metrics (docs/running.md, Metrics)")
     parser.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
                         help="address the metrics endpoint binds (default 127.0.0.1; 0.0.0.0 for all)")
 

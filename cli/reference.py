@@ -189,7 +189,7 @@ def configuration_page() -> str:
     lines += [("Commands read `./tidemark.yaml` unless given `--config PATH`. Every section rejects keys "
                "it does not define; a path like `pipelines[].dedup` is the `dedup` key of any item of the "
                "`pipelines` list. The environment settings of the stack itself (`TIDEMARK_*`) are in "
-               "[operations: settings](../operations.md#settings)."), "", "## Contents", ""]
+               "."), "", "## Contents", ""]
     lines += [f"- [`{titles[m]}`](#{anchors[m]})" if paths[0] else f"- [top level](#{anchors[m]})"
               for m, paths in sections]
     for model, paths in sections:

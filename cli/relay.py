@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                                  help="create the outbox table, its publication and replication slot "
                                               "(idempotent)")
     init.add_argument("--reset-relay", action="store_true",
-                      help="recovery (docs/operations.md, 'Relay recovery'): recreate the slot, requeue the outbox "
+                      help="recovery (docs/runbooks.md, 'Relay recovery'): recreate the slot, requeue the outbox "
                            "rows that remain, and start the relay's position there")
     relay = sub.add_parser("relay", help="the outbox relay: committed outbox rows to Kafka, exactly once")
     relay_sub = relay.add_subparsers(dest="action", required=True, metavar="ACTION")

@@ -30,7 +30,7 @@ class RetentionLossError(TerminalError):
     """Records we must read were deleted by Kafka retention before we read them."""
 
     DEFAULT_HINT = ("To accept the loss and go on under this pipeline: `tidemark offsets seek PIPELINE "
-                    "--to earliest --skip`, which records the lost ranges (docs/operations.md, 'Retention loss')")
+                    "--to earliest --skip`, which records the lost ranges (docs/runbooks.md, 'Retention loss')")
 
     def __init__(self, losses: Mapping[TP, tuple[int, int]], *, context: str = "", hint: str = DEFAULT_HINT) -> None:
         self.losses = dict(losses)

@@ -20,7 +20,7 @@ from tidemark.errors import KafkaAccessError, PostgresAccessError, ServiceUnavai
 
 #: What every refusal tells the operator to do: one wording, one place.
 GRANT_HINT = ("an ACL is missing. Grant it the ACLs `tidemark acls` prints for this config "
-              "(docs/operations.md, \"Secured cluster\")")
+              "(docs/security.md, \"Secured cluster\")")
 
 #: Seconds the metadata request may take: an operator gets the one line within 10 s of the
 #: command's start, interpreter and imports included. A cluster that answers at all does so
@@ -217,7 +217,7 @@ def _tls_line(conf: Mapping[str, Any], text: str) -> str:
                 "signed by a CA the broker trusts")
     if "expired" in lower:
         return (f"the TLS certificate of Kafka at {bootstrap} has expired; renew the broker's certificate "
-                "(docs/operations.md, \"Certificate rotation\")")
+                "(docs/security.md, \"Certificate and password rotation\")")
     if "hostname" in lower or "name mismatch" in lower or "subject" in lower:
         return (f"the TLS certificate of Kafka at {bootstrap} does not name that host; connect by a name it "
                 "carries, or (knowing what it costs) set kafka.security.ssl_verify_hostname: false")

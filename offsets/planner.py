@@ -51,7 +51,7 @@ def plan_ranges(
             raise OffsetRegressionError(
                 f"{tp[0]}[{tp[1]}]: stored offset {start} is past the partition's end {bounds[tp].stable_end}; "
                 "was the topic deleted and recreated? To read it from its start under this pipeline: "
-                "`tidemark offsets seek PIPELINE --to earliest` (docs/operations.md, 'Recovery')")
+                "`tidemark offsets seek PIPELINE --to earliest` (docs/runbooks.md, 'Recovery')")
     check_retention({tp: s for tp, s in starts.items() if s < bounds[tp].stable_end}, bounds)
 
     lag = {tp: bounds[tp].stable_end - s for tp, s in starts.items()}

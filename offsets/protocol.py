@@ -356,7 +356,7 @@ class CommitProtocol:
                 f"pipeline {self.pipeline!r}: the target {self.target} holds batch {committed}, but its ledger "
                 f"{self.ledger.path} " + (f"ends at batch {last.batch_id}" if last else "is missing or empty")
                 + "; it was deleted, replaced or restored, so the offsets the target holds are unknown. Nothing was "
-                "written. Restore the ledger, or ingest into a new target (docs/operations.md, 'Recovery')")
+                "written. Restore the ledger, or ingest into a new target (docs/runbooks.md, 'Recovery')")
         if last is None:
             return None, None
         if committed < last.batch_id:
@@ -651,7 +651,7 @@ class CommitProtocol:
                     f"pipeline {self.pipeline!r}, batch {batch_id}: no source transaction fits whole in {cap:,} "
                     f"offsets ({MAX_GROWTH}x max_records_per_batch) past the last batch's ends: one spans more "
                     "than that. Nothing was written. Raise max_records_per_batch (or max_bytes_per_batch) for "
-                    "this pipeline (docs/operations.md)")
+                    "this pipeline (docs/reference/configuration.md, 'pipelines[]': max_records_per_batch, max_bytes_per_batch)")
             cap *= 4
             byte_cap = None if byte_cap is None or cap >= readable else byte_cap * 4
 

@@ -15,7 +15,7 @@ Two kinds of values, and where each comes from:
 Names follow Prometheus conventions: a ``tidemark_`` prefix, base units in the name
 (``_seconds``, ``_offsets``), ``_total`` on counters, and labels only for bounded sets
 (pipeline, topic, partition, relay). The list, with example alerts, is in
-docs/operations.md ("Metrics").
+docs/running.md ("Metrics").
 """
 
 from __future__ import annotations

@@ -25,10 +25,10 @@ from typing import Any
 from confluent_kafka import KafkaError
 
 from connectors.producer import TransactionalProducer
-from outbox import headers as H
+from outbox import wire
 from outbox.capture import SourceTransaction
-from outbox.manifest import Placement, TopicPartition
-from outbox.pgoutput import format_lsn
+from outbox.manifest import Placement
+from outbox.wire import TopicPartition
 from tidemark.config import GroupCommitConfig, RelayConfig
 
 #: Staged events handed to librdkafka at a time: one call per batch, not per source transaction.
@@ -156,13 +156,11 @@ class Staging:
             counted = json.dumps(dict(counts), separators=(",", ":")).encode()
             if len(self._counts_json) < 4096:
                 self._counts_json[counts] = counted
-        shared = [(H.TXID, str(txn.xid).encode()), (H.LSN, format_lsn(txn.commit_lsn).encode()),
-                  (H.SIZE, str(len(txn.events)).encode()), (H.TOPIC_COUNTS, counted),
-                  (H.SOURCE, H.source(self.config.id, txn.commit_lsn).encode())]
+        shared = wire.txn_headers(self.config.id, txn.xid, txn.commit_lsn, len(txn.events), counted)
         values = txn.values or [e.payload for e in txn.events]
         for i, (topic, e, value) in enumerate(zip(topics, txn.events, values, strict=True)):
-            yield topic, e.aggregateid, value, [(H.EVENT_ID, e.id), (H.EVENT_TYPE, e.type), *shared,
-                                                    (H.POSITION, str(i).encode())]
+            yield topic, e.aggregateid, value, [(wire.EVENT_ID, e.id), (wire.EVENT_TYPE, e.type), *shared,
+                                                    (wire.POSITION, str(i).encode())]
 
     def _stage(self, producer: TransactionalProducer, group: Group, txn: SourceTransaction, topics: list[str]) -> None:
         """Step 5's events, as ``txn`` (the group's newest) joins it: librdkafka sends them while the next

@@ -1,14 +1,5 @@
-"""The transaction manifest: what one Kafka transaction of the relay carries, written in it.
-
-For each source transaction in the Kafka transaction (group commit puts several in one):
-its id as the ingest names it (``<commit LSN>/<xid>``, like ``_tidemark_txn.id``), how
-many events it has, and the exact offset span of its events in every partition they went
-to, with how many they are there (taken from the delivery reports, before the commit). The record is produced after the
-events and before the commit, in the same transaction, so it exists if and only if the
-events do: a consumer holding a manifest knows exactly which records make each source
-transaction whole, without reading them (G3 from the manifest, ``offsets.cut``).
-A source transaction moved to the dead letters instead (``relay.on_oversized``) is listed
-with no spans and ``dead_lettered``: accounted for, never half-relayed.
+"""The transaction manifest's spans, placed as the relay produces (its record's layout and
+codec: :mod:`outbox.wire`).
 
 Why :class:`Placement` and not a delivery report per event: a report costs a Python call
 and a message object per event, the largest cost the relay had over a plain producer.
@@ -24,125 +15,11 @@ the transaction is redone (:class:`InterleavedError`) with a report per event fo
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from connectors.producer import TransactionAbortedError
-
-#: (topic, partition, first offset, last offset, events) of one source transaction's events in a
-#: partition. ``last - first + 1 == events`` when no other producer's record lies between them.
-Span = tuple[str, int, int, int, int]
-
-
-@dataclass(frozen=True)
-class ManifestEntry:
-    txn: str
-    """``<commit LSN>/<xid>``: the id ``_tidemark_txn.id`` carries in the ingest."""
-    events: int
-    spans: tuple[Span, ...]
-    dead_lettered: bool = False
-
-
-@dataclass(frozen=True)
-class Manifest:
-    relay: str
-    end_lsn: str
-    """The position written with it: the end LSN of its last source transaction."""
-    entries: tuple[ManifestEntry, ...]
-
-    def encode(self) -> bytes:
-        return self.encoded()[0]
-
-    def encoded(self) -> tuple[bytes, bytes]:
-        """The record and its summary header (:func:`encode`)."""
-        return encode(self.relay, self.end_lsn, ((e.txn, e.events, e.spans, e.dead_lettered) for e in self.entries))
-
-    @classmethod
-    def decode(cls, raw: bytes) -> Manifest:
-        data = json.loads(raw)
-        if not isinstance(data, dict) or data.get("v") != 1:
-            raise ValueError("not a Tidemark transaction manifest (v1)")
-        return cls(str(data["relay"]), str(data["end_lsn"]), tuple(
-            ManifestEntry(str(t["id"]), int(t["events"]),
-                          tuple((str(s[0]), int(s[1]), int(s[2]), int(s[3]), int(s[4])) for s in t["spans"]),
-                          bool(t.get("dead_lettered", False)))
-            for t in data["txns"]))
-
-
-#: (topic, partition)
-TopicPartition = tuple[str, int]
-
-
-def _json_text(text: str) -> str:
-    """``json.dumps(text)``, written directly for text it escapes nothing in (printable ASCII
-    but ``"`` and ``\\``): str's own checks answer for the relay's ids, one per source
-    transaction, faster than a regular expression or ``json.dumps``."""
-    if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
-        return f'"{text}"'
-    return json.dumps(text)
-
-
-#: The Kafka header a manifest record carries its summary in (:func:`encode`).
-SUMMARY_HEADER = "tidemark.manifest.summary"
-
-
-def encode(relay: str, end_lsn: str, entries: Iterable[tuple[str, int, tuple[Span, ...], bool]]) -> tuple[bytes, bytes]:
-    """A manifest record and its summary, in one pass over ``entries`` ((id, events, spans,
-    dead-lettered), as :class:`ManifestEntry` holds them).
-
-    The record: the bytes ``json.dumps`` gives its v1 object with compact separators, written
-    directly, because the relay writes one per Kafka transaction with an entry per source
-    transaction, and building the object first cost more than the rest of the manifest.
-
-    The summary (:data:`SUMMARY_HEADER`): per partition the first and last offset of any
-    span, how many source transactions have more than one event, and the first and last id
-    of those with events. An ingest's plan reads most records only to learn that all of
-    a record lies inside its batch; the summary tells it that without decoding tens of
-    thousands of entries (the plan's largest cost, measured on 2 cores), and the
-    record itself is decoded only where a cut reaches it.
-    """
-    names: dict[str, str] = {}
-    parts = []
-    bounds: dict[tuple[str, int], list[int]] = {}
-    multi = 0
-    first_id = last_id = None
-    for txn, events, spans, dead in entries:
-        if len(spans) == 1:  # most source transactions touch one partition: no generator for them
-            ((t, p, a, b, n),) = spans
-            listed = f"[{names.get(t) or names.setdefault(t, _json_text(t))},{p},{a},{b},{n}]"
-        else:
-            listed = ",".join(f"[{names.get(t) or names.setdefault(t, _json_text(t))},{p},{a},{b},{n}]"
-                              for t, p, a, b, n in spans)
-            n = sum(s[4] for s in spans)
-        for t, p, a, b, _ in spans:
-            seen = bounds.get((t, p))
-            if seen is None:
-                bounds[(t, p)] = [a, b]
-            else:
-                seen[0], seen[1] = min(seen[0], a), max(seen[1], b)
-        if spans:
-            multi += n > 1
-            first_id = first_id or txn
-            last_id = txn
-        parts.append(_entry(txn, events, listed, dead))
-    return _assemble(relay, end_lsn, parts, bounds, multi, first_id, last_id)
-
-
-def _entry(txn: str, events: int, listed: str, dead: bool) -> str:
-    """One source transaction's entry, its spans already written as JSON (``listed``)."""
-    tail = ',"dead_lettered":true}' if dead else "}"
-    return f'{{"id":{_json_text(txn)},"events":{events},"spans":[{listed}]{tail}'
-
-
-def _assemble(relay: str, end_lsn: str, parts: list[str], bounds: Mapping[TopicPartition, Sequence[int]],
-              multi: int, first_id: str | None, last_id: str | None) -> tuple[bytes, bytes]:
-    """The record around its entries' JSON ``parts``, and its summary (see :func:`encode`)."""
-    record = (f'{{"v":1,"relay":{_json_text(relay)},"end_lsn":{_json_text(end_lsn)},"txns":[' + ",".join(parts)
-              + "]}").encode()
-    summary = json.dumps({"v": 1, "relay": relay, "parts": [[t, p, a, b] for (t, p), (a, b) in sorted(bounds.items())],
-                          "multi": multi, "first": first_id, "last": last_id}, separators=(",", ":")).encode()
-    return record, summary
+from outbox.wire import Span, TopicPartition, assemble, entry_json, json_text
 
 
 class InterleavedError(TransactionAbortedError):
@@ -237,14 +114,14 @@ class Placement:
         if verify:
             self.verify(offsets)
         first = {tp: reported[0] for tp, reported in offsets.items() if tp[0] not in exact}
-        prefix = {tp: f"[{_json_text(tp[0])},{tp[1]}," for tp in self.sent}
+        prefix = {tp: f"[{json_text(tp[0])},{tp[1]}," for tp in self.sent}
         placed = iter(self.txns)
         parts = []
         multi = 0
         first_id = last_id = None
         for txn, events, dead in txns:
             if dead:
-                parts.append(_entry(txn, events, "", True))
+                parts.append(entry_json(txn, events, "", True))
                 continue
             spans = next(placed)
             listed = []
@@ -260,7 +137,7 @@ class Placement:
                 multi += placed_here > 1
                 first_id = first_id or txn
                 last_id = txn
-            parts.append(_entry(txn, events, ",".join(listed), False))
+            parts.append(entry_json(txn, events, ",".join(listed), False))
         bounds = {tp: (first[tp], first[tp] + n - 1) if tp in first else (offsets[tp][0], offsets[tp][n - 1])
                   for tp, n in self.sent.items()}
-        return _assemble(relay, end_lsn, parts, bounds, multi, first_id, last_id)
+        return assemble(relay, end_lsn, parts, bounds, multi, first_id, last_id)

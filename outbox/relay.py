@@ -25,7 +25,7 @@ Steps of :meth:`Relay.run`, in order, with what a crash right after each leaves 
    before anything of it is produced.
 5. **Relay** the group as one Kafka transaction, opened when its first source transaction
    arrives: its events, each source transaction's as it joins the group (key
-   ``aggregateid``, value the payload, headers from ``outbox.headers``; the partition
+   ``aggregateid``, value the payload, headers from ``outbox.wire``; the partition
    chosen here as librdkafka's default partitioner would, so each event's index in its
    partition is known), then, at the close, from the delivery reports of each
    partition's first and last event, the manifest (when the first reports all came in
@@ -87,7 +87,7 @@ from outbox.capture import (
 )
 from outbox.deadletter import RefusedTransactionError
 from outbox.grouping import Group, Staging, collector_for_groups
-from outbox.manifest import SUMMARY_HEADER, InterleavedError, Placement
+from outbox.manifest import InterleavedError, Placement
 from outbox.outage import Outages
 from outbox.payloads import PayloadEncoder
 from outbox.pgoutput import format_lsn
@@ -103,6 +103,7 @@ from outbox.report import RelayReport
 from outbox.schema import TableName
 from outbox.source import verify
 from outbox.status import relay_backlog, relay_status
+from outbox.wire import SUMMARY_HEADER
 from tidemark.config import RelayConfig
 from tidemark.errors import KafkaAccessError, TerminalError
 

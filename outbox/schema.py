@@ -117,7 +117,7 @@ def init_outbox(dsn: str, *, table: TableName, publication: str, slot: str, crea
                     f"replication slot {slot!r} does not exist but the outbox table {table} does: a slot made now "
                     "would start at the current LSN, and rows committed while none existed would never be relayed. "
                     "Run `tidemark outbox init --reset-relay`: it creates the slot, requeues the rows that remain "
-                    "and moves the relay's position to the new slot (docs/operations.md, 'Relay recovery')")
+                    "and moves the relay's position to the new slot (docs/runbooks.md, 'Relay recovery')")
             elif row is None:
                 cur.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
                 created.append(f"replication slot {slot}")

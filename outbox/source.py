@@ -24,7 +24,7 @@ why comparing LSNs would go wrong:
 * **an invalidated slot** (WAL removed, ``max_slot_wal_keep_size``): it can never stream again.
 
 Each is a :class:`SourceChangedError` with what was found and the recovery to run
-(``tidemark outbox init --reset-relay``, docs/operations.md, "Relay recovery"); the
+(``tidemark outbox init --reset-relay``, docs/runbooks.md, "Relay recovery"); the
 relay stops before producing, deleting or confirming anything.
 """
 
@@ -37,7 +37,7 @@ from outbox.pgoutput import format_lsn, parse_lsn
 from outbox.position import Position, Source
 from tidemark.errors import TerminalError
 
-RECOVERY = "docs/operations.md, 'Relay recovery'"
+RECOVERY = "docs/runbooks.md, 'Relay recovery'"
 
 
 class SourceChangedError(TerminalError):

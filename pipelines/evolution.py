@@ -113,24 +113,24 @@ def compare(table: StructType, batch: StructType, mode: SchemaEvolution, *, pipe
     if conflicts:
         raise SchemaConflictError(
             f"{where}: {'; '.join(conflicts)}. Nothing was written. Put the field's type back in `schema`, "
-            "or give the new type another field name, or send the pipeline to a new target (docs/operations.md, "
+            "or give the new type another field name, or send the pipeline to a new target (docs/schemas.md, "
             "Schema changes)")
     if missing_keys:
         raise SchemaConflictError(
             f"{where}: partition column(s) {', '.join(missing_keys)} are no longer in the batch. Nothing was "
-            "written. Put them back in `schema` (docs/operations.md, Schema changes)")
+            "written. Put them back in `schema` (docs/schemas.md, Schema changes)")
     change = SchemaChange(tuple(added), tuple(widened), tuple(kept))
     if mode == "strict" and (change.alters_table or change.kept):
         raise SchemaConflictError(
             f"{where}: the batch {change.describe()}, and `schema_evolution` is strict. Nothing was written. "
-            "Undo the change in `schema`, or set `schema_evolution: additive` (docs/operations.md, Schema changes)")
+            "Undo the change in `schema`, or set `schema_evolution: additive` (docs/schemas.md, Schema changes)")
     if change.widened and type_widening != "allow":
         widenings = "; ".join(f"field {c} is {a} in the table and {b} in the batch" for c, a, b in change.widened)
         raise SchemaConflictError(
             f"{where}: {widenings}, a type widening the pipeline has not opted into. Nothing was written; the "
             f"records wait in Kafka. Either set `type_widening: allow` on the pipeline, which turns on Delta's "
             f"typeWidening reader feature on the table (its {WIDENING_READERS}), or give the wider field a new name, "
-            "a new column that every reader can read (docs/operations.md, Schema changes)")
+            "a new column that every reader can read (docs/schemas.md, Schema changes)")
     return change
 
 

@@ -501,7 +501,7 @@ class IngestJob:
         if plan.held > len(plan.waiting):
             parts.append(f"{plan.held - len(plan.waiting)} source transaction(s) whole in Kafka held for a "
                          "later batch")
-        return "; ".join(parts) or "nothing held (docs/operations.md, 'A follower that does not move')"
+        return "; ".join(parts) or "nothing held (docs/runbooks.md, 'A follower that does not move')"
 
     def _outage(self, down: bool) -> None:
         if self.on_outage is not None:

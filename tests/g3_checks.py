@@ -9,7 +9,7 @@ from collections import Counter
 from typing import Any
 
 from offsets.ledger import Ledger
-from outbox import headers as H
+from outbox import wire
 from tests.relay_harness import RelaySetup, header
 from tidemark.config import PipelineConfig
 
@@ -17,7 +17,7 @@ from tidemark.config import PipelineConfig
 def written(setup: RelaySetup) -> tuple[Counter[str], set[tuple[str, int, int]]]:
     """Per source transaction its events in the relay's topics; and every record's (topic, partition, offset)."""
     records = setup.records()
-    return (Counter(f"{header(r, H.LSN)}/{header(r, H.TXID)}" for r in records),
+    return (Counter(f"{header(r, wire.LSN)}/{header(r, wire.TXID)}" for r in records),
             {(r.topic, r.partition, r.offset) for r in records})
 
 

@@ -28,10 +28,10 @@ import psycopg2
 import yaml
 
 from connectors.topic_reader import Record, read_to_end
-from outbox import headers as H
-from outbox.manifest import Manifest
+from outbox import wire
 from outbox.pgoutput import parse_lsn
 from outbox.schema import TableName, add_event, init_outbox
+from outbox.wire import Manifest
 
 AGGREGATES = ("order", "payment", "shipment")
 KEYS = tuple(f"agg-{i}" for i in range(8))
@@ -258,7 +258,7 @@ class CommittedChecker:
                             for lsn in touched.pop(tp, ()):
                                 self.notes.append((lsn, tp[0], tp[1], counts[(lsn, *tp)]))
                         continue
-                    lsn = dict(m.headers() or [])[H.LSN].decode()
+                    lsn = dict(m.headers() or [])[wire.LSN].decode()
                     counts[(lsn, *tp)] += 1
                     touched[tp].add(lsn)
         except BaseException as exc:  # noqa: BLE001 - reported by stop()
@@ -267,7 +267,7 @@ class CommittedChecker:
             consumer.close()
 
     def assert_never_saw_part(self, setup: RelaySetup) -> None:
-        final: Counter[tuple[str, str, int]] = Counter((header(r, H.LSN), r.topic, r.partition) for r in setup.records())
+        final: Counter[tuple[str, str, int]] = Counter((header(r, wire.LSN), r.topic, r.partition) for r in setup.records())
         part = [(lsn, t, p, n, final[(lsn, t, p)]) for lsn, t, p, n in self.notes if n != final[(lsn, t, p)]]
         assert self.ends > 10 and self.notes, f"the checker saw too little ({self.ends} partition ends)"
         assert not part, f"a read_committed reader saw part of source transactions: {part[:5]}"
@@ -391,13 +391,13 @@ def assert_relayed_exactly_once(setup: RelaySetup, committed: list[SourceTxn], r
     body_of = decode or (lambda value: json.loads(value or b"{}"))
     records = setup.records()
     if foreign:
-        records = [r for r in records if any(k == H.LSN for k, _ in r.headers)]
-    ids = [header(r, H.EVENT_ID) for r in records]
+        records = [r for r in records if any(k == wire.LSN for k, _ in r.headers)]
+    ids = [header(r, wire.EVENT_ID) for r in records]
     duplicates = {i for i, n in Counter(ids).items() if n > 1}
     if duplicates:
-        doubled = [r for r in records if header(r, H.EVENT_ID) in duplicates]
-        copies = [f"{r.topic}:{r.partition}@{r.offset} LSN {header(r, H.LSN)} xid {header(r, H.TXID)}" for r in doubled]
-        lsns = {header(r, H.LSN) for r in doubled}
+        doubled = [r for r in records if header(r, wire.EVENT_ID) in duplicates]
+        copies = [f"{r.topic}:{r.partition}@{r.offset} LSN {header(r, wire.LSN)} xid {header(r, wire.TXID)}" for r in doubled]
+        lsns = {header(r, wire.LSN) for r in doubled}
         manifests = [m for m in setup.manifests() if any(e.txn.rsplit("/", 1)[0] in lsns for e in m.entries)]
         raise AssertionError(f"{len(duplicates)} events relayed more than once, e.g. {sorted(duplicates)[:3]}; "
                              f"their copies:\n" + "\n".join(sorted(copies)[:40]) + "\nthe manifests naming them:\n"
@@ -408,7 +408,7 @@ def assert_relayed_exactly_once(setup: RelaySetup, committed: list[SourceTxn], r
     assert not (extra & rolled_back), "events of rolled-back transactions were relayed"
     assert not extra, f"{len(extra)} events nobody committed, e.g. {sorted(extra)[:3]}"
 
-    by_id = {header(r, H.EVENT_ID): r for r in records}
+    by_id = {header(r, wire.EVENT_ID): r for r in records}
     # Per key, per topic-partition: seqs in offset order are increasing (commit order), and
     # together they are exactly 1..n (nothing lost or doubled).
     seqs: dict[str, list[int]] = defaultdict(list)
@@ -426,20 +426,20 @@ def assert_relayed_exactly_once(setup: RelaySetup, committed: list[SourceTxn], r
     # Each source transaction whole, with its headers right.
     by_lsn: dict[str, list[Record]] = defaultdict(list)
     for r in records:
-        by_lsn[header(r, H.LSN)].append(r)
+        by_lsn[header(r, wire.LSN)].append(r)
     for txn in committed:
         got = [by_id[e[0]] for e in txn.events]
-        lsns = {header(r, H.LSN) for r in got}
+        lsns = {header(r, wire.LSN) for r in got}
         assert len(lsns) == 1, f"transaction {txn.xid} split over commit LSNs {lsns}"
         group = by_lsn[lsns.pop()]
         assert len(group) == len(txn.events), f"transaction {txn.xid}: {len(group)} events under its LSN"
-        assert {header(r, H.TXID) for r in group} == {str(txn.xid)}
-        assert sorted(int(header(r, H.POSITION)) for r in group) == list(range(len(group)))
-        assert {int(header(r, H.SIZE)) for r in group} == {len(group)}
+        assert {header(r, wire.TXID) for r in group} == {str(txn.xid)}
+        assert sorted(int(header(r, wire.POSITION)) for r in group) == list(range(len(group)))
+        assert {int(header(r, wire.SIZE)) for r in group} == {len(group)}
         counts = defaultdict(int)
         for r in group:
             counts[r.topic] += 1
-        assert {header(r, H.TOPIC_COUNTS) for r in group} == {json.dumps(dict(sorted(counts.items())),
+        assert {header(r, wire.TOPIC_COUNTS) for r in group} == {json.dumps(dict(sorted(counts.items())),
                                                                            separators=(",", ":"))}
 
     # Each source transaction inside one Kafka transaction: in a partition a Kafka transaction
@@ -452,7 +452,7 @@ def assert_relayed_exactly_once(setup: RelaySetup, committed: list[SourceTxn], r
     for (topic, partition), recs in ([] if foreign else partitions.items()):
         by_txn: dict[str, list[int]] = defaultdict(list)
         for r in recs:
-            by_txn[header(r, H.LSN)].append(r.offset)
+            by_txn[header(r, wire.LSN)].append(r.offset)
         for lsn, offsets in by_txn.items():
             offsets.sort()
             assert offsets == list(range(offsets[0], offsets[0] + len(offsets))), (
@@ -472,17 +472,17 @@ def assert_relayed_exactly_once(setup: RelaySetup, committed: list[SourceTxn], r
             entries[entry.txn] = list(entry.spans)
     for txn in committed:
         got = [by_id[e[0]] for e in txn.events]
-        name = f"{header(got[0], H.LSN)}/{txn.xid}"
+        name = f"{header(got[0], wire.LSN)}/{txn.xid}"
         where: dict[tuple[str, int], list[int]] = defaultdict(list)
         for r in got:
             where[(r.topic, r.partition)].append(r.offset)
         actual = sorted((t, p, min(o), max(o), len(o)) for (t, p), o in where.items())
         assert entries.get(name) == actual and events_of[name] == len(got), (
             f"manifest of {name}: {entries.get(name)} / {events_of.get(name)} events, topics hold {actual}")
-    assert set(events_of) == {f"{header(by_id[t.events[0][0]], H.LSN)}/{t.xid}" for t in committed}
+    assert set(events_of) == {f"{header(by_id[t.events[0][0]], wire.LSN)}/{t.xid}" for t in committed}
 
     # Commit order is not id order here (the late writers), or the test proves less than it claims.
-    in_commit_order = sorted(committed, key=lambda t: parse_lsn(header(by_id[t.events[0][0]], H.LSN)))
+    in_commit_order = sorted(committed, key=lambda t: parse_lsn(header(by_id[t.events[0][0]], wire.LSN)))
     xids = [t.xid for t in in_commit_order]
     inversions = sum(1 for a, b in itertools.pairwise(xids) if a > b)
     return {"events": len(records), "transactions": len(committed), "id_order_inversions": inversions,
@@ -507,12 +507,12 @@ def assert_invalid_payload_stops_then_dead_letters(setup: RelaySetup, bad_payloa
     log = setup.log_tail()
     assert code == 1, log
     assert f"event {bad[1]}" in log and f"{setup.prefix}.payment-value" in log and field in log, log
-    assert [header(r, H.EVENT_ID) for r in setup.records()] == [good]  # nothing of the bad transaction
+    assert [header(r, wire.EVENT_ID) for r in setup.records()] == [good]  # nothing of the bad transaction
     assert setup.outbox_rows() == 2
 
     dead = setup.with_relay("dead.yaml", on_invalid_payload="dead_letter")
     assert dead.run("--idle-exit", "3") == 0, dead.log_tail()
-    assert [header(r, H.EVENT_ID) for r in setup.records()] == [good]
+    assert [header(r, wire.EVENT_ID) for r in setup.records()] == [good]
     assert setup.outbox_rows() == 0
     with setup.connect() as conn, conn.cursor() as cur:
         cur.execute(f"SELECT id::text, reason FROM {setup.table}_dead_letters ORDER BY id")

@@ -283,7 +283,7 @@ class MaintenanceConfig(BaseModel):
 
     def table_properties(self) -> dict[str, str]:
         """Delta properties a new table is created with (``tidemark maintain --apply-properties``
-        sets them on existing tables). Why each: docs/operations.md, "Maintenance"."""
+        sets them on existing tables). Why each: docs/running.md, "Maintenance"."""
         return {"delta.deletedFileRetentionDuration": f"interval {self.retain_hours:g} hours",
                 "delta.logRetentionDuration": f"interval {self.time_travel_hours:g} hours",
                 "delta.checkpointInterval": str(self.checkpoint_interval * SPARK_CHECKPOINT_FACTOR)}

@@ -36,7 +36,7 @@ class KafkaSettings(BaseModel):
     """JVM heap of each embedded broker."""
     security: Literal["plaintext", "sasl_ssl", "mtls"] = "plaintext"
     """How the embedded cluster's clients authenticate: ``sasl_ssl`` (SCRAM over TLS) or
-    ``mtls`` (client certificates), both with ACLs (docs/operations.md, "Secured cluster").
+    ``mtls`` (client certificates), both with ACLs (docs/security.md, "The secured embedded cluster").
     Each keeps its own state (``stack/kafka-<security>``), so switching formats a new cluster."""
 
 
@@ -137,7 +137,7 @@ class Settings(BaseSettings):
     storage: Literal["local", "s3"] = "local"
     """Where tables may live: ``local`` paths (and HDFS, ABFS, GCS through Delta's own stores) or
     also ``s3a://`` ones, which loads S3A and Tidemark's conditional-write log store into Spark
-    (docs/operations.md, "Object storage"). With ``s3`` and no ``s3.endpoint``, ``tidemark stack up``
+    (docs/object-storage.md). With ``s3`` and no ``s3.endpoint``, ``tidemark stack up``
     runs an embedded S3 server."""
     s3: S3Settings = S3Settings()
     registry: RegistrySettings = RegistrySettings()

@@ -217,7 +217,7 @@ def require_s3_enabled(paths: Iterable[str], s: Settings | None = None) -> None:
     on = [p for p in paths if on_s3(p)]
     if on and s.storage != "s3":
         raise ConfigError(f"table {on[0]} is on S3, but TIDEMARK_STORAGE is {s.storage!r}: set TIDEMARK_STORAGE=s3 "
-                          "(and TIDEMARK_S3__ENDPOINT for a server of your own; docs/operations.md, \"Object storage\")")
+                          "(and TIDEMARK_S3__ENDPOINT for a server of your own; docs/object-storage.md)")
 
 
 def check_reachable(paths: Iterable[str], s: Settings | None = None) -> None:

@@ -7,7 +7,7 @@ go. Both readings live here, side by side, because they must give the same answe
 every record, malformed and foreign headers included: a test holds them equal, and a cut
 that read a header differently from the audit would disagree with it.
 
-Every event the relay writes names its source transaction (``outbox.headers``). Here
+Every event the relay writes names its source transaction (``outbox.wire``). Here
 that becomes ``_tidemark_txn``, a struct of the transaction's id, the event's position,
 the declared size and how many events it declares for *this pipeline's* topics; a
 record without all of those headers (not from the relay) is its own transaction and
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from offsets.cut import RelayRanges
 from offsets.frames import Guard
-from outbox import headers as H
+from outbox import wire
 from tidemark.config import PipelineConfig
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ def header(name: str) -> Column:
 
 HEADERS_COLUMN = "_tidemark_headers"
 #: What ``tidemark_txn_headers`` reads, in the order it takes them.
-_TXN_HEADERS = (H.TXID, H.LSN, H.POSITION, H.SIZE, H.SOURCE)
+_TXN_HEADERS = (wire.TXID, wire.LSN, wire.POSITION, wire.SIZE, wire.SOURCE)
 
 def event_header(pipeline: PipelineConfig) -> str | None:
     """The header a pipeline's event id comes from (``event_id: header:<name>``), or None."""
@@ -78,7 +78,7 @@ def txn_headers(pipeline: PipelineConfig, fast: bool = False) -> Column:
     """
     from pyspark.sql import functions as F
 
-    raw = header(H.TOPIC_COUNTS)
+    raw = header(wire.TOPIC_COUNTS)
     counts = F.from_json(raw, "map<string,int>")
     if pipeline.topic_pattern is not None:
         pattern = f"^(?:{pipeline.topic_pattern})$"
@@ -93,15 +93,15 @@ def txn_headers(pipeline: PipelineConfig, fast: bool = False) -> Column:
     event = event_header(pipeline)
     if fast:
         # One pass over the headers; `counted` (from_json) only for counts not in the relay's form.
-        return F.call_function("tidemark_txn_headers", F.col("headers"), F.lit(spec), F.lit(H.TOPIC_COUNTS),
+        return F.call_function("tidemark_txn_headers", F.col("headers"), F.lit(spec), F.lit(wire.TOPIC_COUNTS),
                                counted, *[F.lit(h) for h in (*_TXN_HEADERS, *([event] if event is not None else []))])
-    txn_id = F.concat(header(H.LSN), F.lit("/"), header(H.TXID))
-    position, size = header(H.POSITION).try_cast("int"), header(H.SIZE).try_cast("int")
+    txn_id = F.concat(header(wire.LSN), F.lit("/"), header(wire.TXID))
+    position, size = header(wire.POSITION).try_cast("int"), header(wire.SIZE).try_cast("int")
     txn = F.when(txn_id.isNotNull() & position.isNotNull() & (size > 0), F.struct(
         txn_id.alias("id"), position.alias("position"), size.alias("size"),
         F.coalesce(counted, size).alias("expected"), F.lit(False).alias("released")))
     return F.when(F.size("headers") > 0, F.struct(
-        txn.alias("txn"), header(H.SOURCE).alias("source"),
+        txn.alias("txn"), header(wire.SOURCE).alias("source"),
         (header(event) if event is not None else F.lit(None).cast("string")).alias("event")))
 
 
@@ -180,7 +180,7 @@ def guard(listed: RelayRanges = (), base: Guard | None = None) -> Guard:
     # `tidemark.source` is `<relay>:<16 hex digits of the commit LSN>`: text order is commit order.
     inside = F.lit(False)
     for relay, low, high in listed:
-        inside = inside | h["source"].between(H.source(relay, low), H.source(relay, high))
+        inside = inside | h["source"].between(wire.source(relay, low), wire.source(relay, high))
     return Guard(tripped=base.tripped & ~F.coalesce(inside, F.lit(False)), why=base.why)
 
 
@@ -205,14 +205,14 @@ def txn_of(headers: list[tuple[str, bytes | None]], mine: Callable[[str], bool],
     including its per-topic counts for this pipeline's topics (see :func:`declared`).
     """
     first = dict(reversed(headers))  # the first value of each header, like header()
-    shared_key = (first.get(H.TXID), first.get(H.LSN), first.get(H.SIZE), first.get(H.TOPIC_COUNTS))
+    shared_key = (first.get(wire.TXID), first.get(wire.LSN), first.get(wire.SIZE), first.get(wire.TOPIC_COUNTS))
     if memo is not None and shared_key in memo:
         shared = memo[shared_key]
     else:
         shared = _shared(*shared_key, mine)
         if memo is not None:
             memo[shared_key] = shared
-    position = _int(first.get(H.POSITION))
+    position = _int(first.get(wire.POSITION))
     if shared is None or position is None:
         return None
     return shared[0], position, shared[1]

@@ -22,7 +22,7 @@ import psycopg2
 import pytest
 
 from infra.postgres import _bin
-from outbox import headers as H
+from outbox import wire
 from outbox.schema import add_event
 from tests.relay_harness import (
     AGGREGATES,
@@ -159,7 +159,7 @@ def _crash_under_the_relay(settings: Settings, state: Path, tmp_path: Path, kafk
             writers.halt()
             if relay.poll() is None:
                 kill_group(relay)
-        ids = Counter(header(r, H.EVENT_ID) for r in setup.records())
+        ids = Counter(header(r, wire.EVENT_ID) for r in setup.records())
         # An uncertain transaction: all of it once, or nothing of it.
         arrived, lost = [], []
         for txn in writers.uncertain:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from outbox import headers as H
+from outbox import wire
 from outbox.relay import CRASH_POINTS
 from outbox.schema import TableName, add_event, init_outbox
 from tests.relay_harness import (
@@ -60,7 +60,7 @@ def test_relays_transactions_with_headers_and_deletes_relayed_rows(setup: RelayS
     assert rows["lag (events)"] == "0" and rows["position"] != "(none yet)", status.stdout
     record = setup.records()[0]
     body = json.loads(record.value or b"{}")
-    assert record.key == body["key"].encode() and header(record, H.EVENT_TYPE) == "Changed"
+    assert record.key == body["key"].encode() and header(record, wire.EVENT_TYPE) == "Changed"
     assert record.topic.startswith(setup.prefix + ".")
 
 
@@ -77,7 +77,7 @@ def test_commit_order_not_id_order(setup: RelaySetup) -> None:
         first.commit()
     assert xid1 < xid2
     setup.drain()
-    order = [header(r, H.EVENT_ID) for r in sorted(setup.records(), key=lambda r: r.offset)]
+    order = [header(r, wire.EVENT_ID) for r in sorted(setup.records(), key=lambda r: r.offset)]
     assert order == [str(e2), str(e1)]
 
 
@@ -129,15 +129,15 @@ def test_a_50000_event_transaction_is_one_kafka_transaction(setup: RelaySetup) -
     setup.drain()
     records = setup.records()
     assert len(records) == 50000
-    assert {header(r, H.SIZE) for r in records} == {"50000"}
-    assert {header(r, H.TXID) for r in records} == {str(xid)}
-    assert sorted(int(header(r, H.POSITION)) for r in records) == list(range(50000))
+    assert {header(r, wire.SIZE) for r in records} == {"50000"}
+    assert {header(r, wire.TXID) for r in records} == {str(xid)}
+    assert sorted(int(header(r, wire.POSITION)) for r in records) == list(range(50000))
     by_partition: dict[int, list[int]] = {}
     for r in records:
         by_partition.setdefault(r.partition, []).append(r.offset)
     for offsets in by_partition.values():  # one run of consecutive offsets: one Kafka transaction
         assert sorted(offsets) == list(range(min(offsets), min(offsets) + len(offsets)))
-    assert {header(r, H.EVENT_ID) for r in records} == {str(i) for i, _ in rows}
+    assert {header(r, wire.EVENT_ID) for r in records} == {str(i) for i, _ in rows}
     assert setup.outbox_rows() == 0
 
 
@@ -152,10 +152,10 @@ def test_a_transaction_over_the_limit_stops_the_relay_and_loses_nothing(setup: R
     code = small.run("--idle-exit", "3")
     log = small.log_tail()
     assert code == 1 and "max_transaction_events=100" in log, log
-    assert [header(r, H.EVENT_ID) for r in setup.records()] == ids  # the big one: nothing of it
+    assert [header(r, wire.EVENT_ID) for r in setup.records()] == ids  # the big one: nothing of it
     assert setup.outbox_rows() == 150  # still waiting in the outbox
     setup.drain()  # default limit: relayed whole
-    relayed = {header(r, H.EVENT_ID) for r in setup.records()}
+    relayed = {header(r, wire.EVENT_ID) for r in setup.records()}
     assert relayed == set(ids) | set(big) and len(setup.records()) == 151
 
 

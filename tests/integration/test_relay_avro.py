@@ -18,7 +18,7 @@ from typing import Any
 import fastavro
 import pytest
 
-from outbox import headers as H
+from outbox import wire
 from outbox.schema import add_event
 from tests.avro_helpers import framed, register
 from tests.relay_harness import (
@@ -91,7 +91,7 @@ def test_a_schema_file_is_used_once_registered_and_auto_register_registers_only_
     assert auto.run("--idle-exit", "3") == 0, auto.log_tail()
     assert _latest(schema_registry, f"{topic}-value") == schema
     (record,) = setup.records()
-    assert header(record, H.EVENT_ID) == first
+    assert header(record, wire.EVENT_ID) == first
     schema_id = struct.unpack(">bI", (record.value or b"")[:5])[1]
     assert _decoder({schema_id: schema})(record.value or b"") == {"key": "agg-1", "seq": 1, "note": ""}
 
@@ -120,7 +120,7 @@ def test_a_bytea_payload_passes_unchanged_and_an_unframed_one_follows_the_policy
     assert setup.run("--idle-exit", "3") == 1, setup.log_tail()
     assert f"event {bad}" in setup.log_tail() and "framing" in setup.log_tail()
     records = setup.records()
-    assert [header(r, H.EVENT_ID) for r in records] == good and [r.value for r in records] == values
+    assert [header(r, wire.EVENT_ID) for r in records] == good and [r.value for r in records] == values
 
     dead = setup.with_relay("dead.yaml", on_invalid_payload="dead_letter")
     assert dead.run("--idle-exit", "3") == 0, dead.log_tail()

@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg2
 import pytest
 
-from outbox import headers as H
+from outbox import wire
 from outbox.schema import TableName, add_event, init_outbox
 from tests.relay_harness import (
     CommittedChecker,
@@ -194,7 +194,7 @@ def test_a_database_reinitialised_under_a_running_relay_stops_it_until_reset(
         log = setup.log_tail(40)
         assert code == 1 and "re-initialised or replaced" in log, (code, log)
         assert setup.outbox_rows() == 5  # nothing of the new database was deleted...
-        before = {header(r, H.EVENT_ID) for r in setup.records()}
+        before = {header(r, wire.EVENT_ID) for r in setup.records()}
         assert before == {e[0] for t in writers.committed for e in t.events}  # ...or relayed
         assert setup.run("--idle-exit", "3") == 1  # and a restart refuses the same way
 
@@ -202,6 +202,6 @@ def test_a_database_reinitialised_under_a_running_relay_stops_it_until_reset(
                                capture_output=True, text=True, timeout=120, check=False)
         assert reset.returncode == 0 and "5 outbox row(s)" in reset.stdout, reset.stdout + reset.stderr
         setup.drain()
-        ids = Counter(header(r, H.EVENT_ID) for r in setup.records())
+        ids = Counter(header(r, wire.EVENT_ID) for r in setup.records())
         assert set(ids) == before | set(fresh) and max(ids.values()) == 1
         assert setup.outbox_rows() == 0

@@ -18,7 +18,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from psycopg2.extras import LogicalReplicationConnection
 
-from outbox import headers as H
+from outbox import wire
 from outbox.position import TAIL, Position, read_position
 from outbox.schema import TableName, add_event
 from outbox.source import slot_state
@@ -101,7 +101,7 @@ def test_an_event_kafka_cannot_take_stops_the_relay_until_acknowledged_then_goes
     log = setup.log_tail(60)
     big_event = poison.events[1][0]
     assert code == 1 and big_event in log and f"--xid {poison.xid}" in log, log
-    relayed = {header(r, H.EVENT_ID) for r in setup.records()}
+    relayed = {header(r, wire.EVENT_ID) for r in setup.records()}
     assert relayed == {e[0] for e in before.events}  # nothing of the poison one, nothing after it
     assert setup.run("--idle-exit", "3") == 1  # a restart meets it again, and stops again
 
@@ -159,9 +159,9 @@ def test_a_dropped_slot_stops_the_relay_and_reset_relay_requeues_what_remains(se
     setup.drain()
     # The requeued transactions are new database transactions (new xids and LSNs), each whole.
     records = setup.records()
-    ids = Counter(header(r, H.EVENT_ID) for r in records)
+    ids = Counter(header(r, wire.EVENT_ID) for r in records)
     assert set(ids) == {e[0] for t in (first, *lost, after) for e in t.events} and max(ids.values()) == 1
-    lsn_of = {header(r, H.EVENT_ID): header(r, H.LSN) for r in records}
+    lsn_of = {header(r, wire.EVENT_ID): header(r, wire.LSN) for r in records}
     for txn in lost:
         assert len({lsn_of[e[0]] for e in txn.events}) == 1, f"requeued transaction {txn.xid} split"
     assert len({lsn_of[e[0]] for t in lost for e in t.events}) == 2
@@ -246,7 +246,7 @@ def test_a_slot_moved_on_by_keepalives_while_idle_is_followed(setup: RelaySetup)
             kill_group(relay)
     after = _commit(setup, [("payment", "agg-3")])
     setup.drain()  # exits 0: the slot is followed
-    ids = Counter(header(r, H.EVENT_ID) for r in setup.records())
+    ids = Counter(header(r, wire.EVENT_ID) for r in setup.records())
     assert set(ids) == {e[0] for t in (first, after) for e in t.events} and max(ids.values()) == 1
 
 
@@ -265,4 +265,4 @@ def test_a_slot_moved_past_rows_it_never_delivered_stops_the_relay(setup: RelayS
     code = setup.run("--idle-exit", "3")
     assert code == 1 and "passed 2 outbox row(s) it never delivered" in setup.log_tail(), setup.log_tail()
     assert setup.outbox_rows() == 2  # nothing deleted
-    assert not ({e[0] for e in lost.events} & {header(r, H.EVENT_ID) for r in setup.records()})
+    assert not ({e[0] for e in lost.events} & {header(r, wire.EVENT_ID) for r in setup.records()})

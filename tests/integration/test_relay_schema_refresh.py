@@ -23,7 +23,7 @@ import fastavro
 import pytest
 import yaml
 
-from outbox import headers as H
+from outbox import wire
 from outbox.schema import add_event
 from tests.avro_helpers import register
 from tests.relay_harness import (
@@ -93,7 +93,7 @@ def test_a_misspelt_field_is_refused_not_dropped(setup: RelaySetup, schema_regis
     assert setup.run("--idle-exit", "3") == 1, setup.log_tail()
     log = setup.log_tail()
     assert f"event {bad}" in log and f"{setup.prefix}.order-value" in log and "'chanel'" in log, log
-    assert [header(r, H.EVENT_ID) for r in setup.records()] == [good]
+    assert [header(r, wire.EVENT_ID) for r in setup.records()] == [good]
     assert setup.outbox_rows() == 1
 
 

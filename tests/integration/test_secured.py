@@ -374,7 +374,7 @@ def test_a_relay_missing_an_acl_is_named_and_loses_nothing(sasl: EmbeddedKafka, 
 
 def test_a_rotated_scram_password_is_read_from_its_file_by_the_next_client(sasl: EmbeddedKafka,
                                                                            tmp_path: Path) -> None:
-    """The rotation docs/operations.md describes: change the user's SCRAM credential on the
+    """The rotation docs/security.md describes: change the user's SCRAM credential on the
     cluster, then the secret file; the next client configured from the same settings logs in
     with the new password, and the old one is refused."""
     from confluent_kafka.admin import ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion

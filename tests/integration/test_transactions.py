@@ -23,7 +23,7 @@ from confluent_kafka import Producer
 
 from offsets.cut import IncompleteTransactionError
 from offsets.ledger import Ledger
-from outbox import headers as H
+from outbox import wire
 from pipelines.ingest import IngestJob
 from quality.audit import audit
 from tests.kafka_helpers import transactional_producer
@@ -72,9 +72,9 @@ class SourceTxns:
         for topic, _ in events:
             counts[topic] += 1
         self.n += 1
-        headers = [(H.EVENT_ID, str(uuid.uuid4())), (H.TXID, str(self.txid)), (H.LSN, lsn),
-                   (H.POSITION, str(position)), (H.SIZE, str(len(events))),
-                   (H.TOPIC_COUNTS, json.dumps(dict(sorted(counts.items())), separators=(",", ":")))]
+        headers = [(wire.EVENT_ID, str(uuid.uuid4())), (wire.TXID, str(self.txid)), (wire.LSN, lsn),
+                   (wire.POSITION, str(position)), (wire.SIZE, str(len(events))),
+                   (wire.TOPIC_COUNTS, json.dumps(dict(sorted(counts.items())), separators=(",", ":")))]
         topic, partition = events[position]
         producer.produce(topic, value=value or json.dumps({"n": self.n}).encode(), key=b"k", partition=partition,
                          headers=headers, timestamp=timestamp)
@@ -287,44 +287,44 @@ def test_the_planning_scan_reads_headers_as_the_table_column_does(spark, kafka_b
     from pipelines.transform import read_ranges
 
     topic, other = topic_factory("g3-headers"), "elsewhere"
-    good = [(H.TXID, b"7"), (H.LSN, b"0/A"), (H.POSITION, b"1"), (H.SIZE, b"3")]
-    counts = (H.TOPIC_COUNTS, json.dumps({topic: 2, other: 1}).encode())
+    good = [(wire.TXID, b"7"), (wire.LSN, b"0/A"), (wire.POSITION, b"1"), (wire.SIZE, b"3")]
+    counts = (wire.TOPIC_COUNTS, json.dumps({topic: 2, other: 1}).encode())
     cases: list[list[tuple[str, bytes | None]]] = [
         [*good, counts],                                             # 2 of 3 events here
         [*good],                                                     # no counts: all 3 expected here
-        [*good, (H.TOPIC_COUNTS, json.dumps({other: 3}).encode())],  # none here: 0 expected
-        [*good, (H.TOPIC_COUNTS, b"not json")],                      # unreadable counts: the size
-        [*good, (H.TOPIC_COUNTS, b'{"a": 1.5}')],                    # not whole numbers: the size
-        [*good, (H.TOPIC_COUNTS, b"[1, 2]")],                        # not an object: the size
-        [*good, (H.TOPIC_COUNTS, json.dumps({topic: 2}).encode()), (H.TOPIC_COUNTS, b"{}")],  # first one counts
+        [*good, (wire.TOPIC_COUNTS, json.dumps({other: 3}).encode())],  # none here: 0 expected
+        [*good, (wire.TOPIC_COUNTS, b"not json")],                      # unreadable counts: the size
+        [*good, (wire.TOPIC_COUNTS, b'{"a": 1.5}')],                    # not whole numbers: the size
+        [*good, (wire.TOPIC_COUNTS, b"[1, 2]")],                        # not an object: the size
+        [*good, (wire.TOPIC_COUNTS, json.dumps({topic: 2}).encode()), (wire.TOPIC_COUNTS, b"{}")],  # first one counts
         # The relay's compact sorted form, read by tidemark_txn_headers; near misses go to from_json.
-        [*good, (H.TOPIC_COUNTS, json.dumps({other: 1, topic: 2}, separators=(",", ":")).encode())],
-        [*good, (H.TOPIC_COUNTS, json.dumps({other: 1, topic: 2}, separators=(",", ":")).encode())],  # remembered
-        [*good, (H.TOPIC_COUNTS, f'{{"{topic}":2,"{other}":1}}'.encode())],  # unsorted
-        [*good, (H.TOPIC_COUNTS, f'{{"{topic}":02}}'.encode())],             # a leading zero
-        [*good, (H.TOPIC_COUNTS, f'{{"{topic}":-1}}'.encode())],             # negative
-        [*good, (H.TOPIC_COUNTS, f'{{"{topic}":2147483648}}'.encode())],     # over an int
-        [*good, (H.TOPIC_COUNTS, f'{{"{topic}":1234567890}}'.encode())],     # ten digits
+        [*good, (wire.TOPIC_COUNTS, json.dumps({other: 1, topic: 2}, separators=(",", ":")).encode())],
+        [*good, (wire.TOPIC_COUNTS, json.dumps({other: 1, topic: 2}, separators=(",", ":")).encode())],  # remembered
+        [*good, (wire.TOPIC_COUNTS, f'{{"{topic}":2,"{other}":1}}'.encode())],  # unsorted
+        [*good, (wire.TOPIC_COUNTS, f'{{"{topic}":02}}'.encode())],             # a leading zero
+        [*good, (wire.TOPIC_COUNTS, f'{{"{topic}":-1}}'.encode())],             # negative
+        [*good, (wire.TOPIC_COUNTS, f'{{"{topic}":2147483648}}'.encode())],     # over an int
+        [*good, (wire.TOPIC_COUNTS, f'{{"{topic}":1234567890}}'.encode())],     # ten digits
         # an escaped key (the same topic), read by from_json:
-        [*good, (H.TOPIC_COUNTS, json.dumps({topic: 2}, separators=(",", ":")).replace("-", r"\u002d", 1).encode())],
-        [*good, (H.TOPIC_COUNTS, b"{}")],                                     # nothing anywhere
-        [*good, (H.TOPIC_COUNTS, f'{{"{topic}":2,}}'.encode())],              # a trailing comma
-        [*good, (H.TOPIC_COUNTS, f'{{"{topic}":1,"{topic}":1}}'.encode())],   # a repeated key: both count
+        [*good, (wire.TOPIC_COUNTS, json.dumps({topic: 2}, separators=(",", ":")).replace("-", r"\u002d", 1).encode())],
+        [*good, (wire.TOPIC_COUNTS, b"{}")],                                     # nothing anywhere
+        [*good, (wire.TOPIC_COUNTS, f'{{"{topic}":2,}}'.encode())],              # a trailing comma
+        [*good, (wire.TOPIC_COUNTS, f'{{"{topic}":1,"{topic}":1}}'.encode())],   # a repeated key: both count
         # a sum past INT: unreadable (all 3 expected), where Spark's `+` failed the whole batch:
-        [*good, (H.TOPIC_COUNTS, f'{{"{topic}":2000000000,"{topic}":2000000000}}'.encode())],
-        [(H.TXID, b"7"), (H.LSN, b"0/A"), (H.POSITION, b" 2 "), (H.SIZE, b"+3")],  # signs, spaces
-        [(H.TXID, b"7"), (H.LSN, b"0/A"), (H.POSITION, b"x"), (H.SIZE, b"3")],      # bad position
-        [(H.TXID, b"7"), (H.LSN, b"0/A"), (H.POSITION, b"0"), (H.SIZE, b"0")],      # size 0
-        [(H.TXID, b"7"), (H.LSN, b"0/A"), (H.POSITION, b"0"), (H.SIZE, b"99999999999")],  # overflow
-        [(H.TXID, None), (H.LSN, b"0/A"), (H.POSITION, b"0"), (H.SIZE, b"2")],      # null txid
-        [(H.LSN, b"0/A"), (H.POSITION, b"0"), (H.SIZE, b"2")],                      # no txid
-        [(H.EVENT_ID, b"only an id")],
-        [(H.EVENT_ID, b"first id"), *good, (H.EVENT_ID, b"second id")],  # the first event id
-        [(H.EVENT_ID, None), *good, (H.EVENT_ID, b"later")],          # a null event id first: null
-        [(H.TXID, b"8"), *good, (H.TXID, b"9"), (H.TOPIC_COUNTS, None)],    # the first txid; null counts
-        [*good, (H.TOPIC_COUNTS, None), counts],                     # the first counts header, null
-        [(H.TXID, "\u00e9".encode()), (H.LSN, b"0/\xff"), (H.POSITION, b"0"), (H.SIZE, b"2"),
-         (H.EVENT_ID, b"\xff\xfeid")],                                                       # odd bytes
+        [*good, (wire.TOPIC_COUNTS, f'{{"{topic}":2000000000,"{topic}":2000000000}}'.encode())],
+        [(wire.TXID, b"7"), (wire.LSN, b"0/A"), (wire.POSITION, b" 2 "), (wire.SIZE, b"+3")],  # signs, spaces
+        [(wire.TXID, b"7"), (wire.LSN, b"0/A"), (wire.POSITION, b"x"), (wire.SIZE, b"3")],      # bad position
+        [(wire.TXID, b"7"), (wire.LSN, b"0/A"), (wire.POSITION, b"0"), (wire.SIZE, b"0")],      # size 0
+        [(wire.TXID, b"7"), (wire.LSN, b"0/A"), (wire.POSITION, b"0"), (wire.SIZE, b"99999999999")],  # overflow
+        [(wire.TXID, None), (wire.LSN, b"0/A"), (wire.POSITION, b"0"), (wire.SIZE, b"2")],      # null txid
+        [(wire.LSN, b"0/A"), (wire.POSITION, b"0"), (wire.SIZE, b"2")],                      # no txid
+        [(wire.EVENT_ID, b"only an id")],
+        [(wire.EVENT_ID, b"first id"), *good, (wire.EVENT_ID, b"second id")],  # the first event id
+        [(wire.EVENT_ID, None), *good, (wire.EVENT_ID, b"later")],          # a null event id first: null
+        [(wire.TXID, b"8"), *good, (wire.TXID, b"9"), (wire.TOPIC_COUNTS, None)],    # the first txid; null counts
+        [*good, (wire.TOPIC_COUNTS, None), counts],                     # the first counts header, null
+        [(wire.TXID, "\u00e9".encode()), (wire.LSN, b"0/\xff"), (wire.POSITION, b"0"), (wire.SIZE, b"2"),
+         (wire.EVENT_ID, b"\xff\xfeid")],                                                       # odd bytes
     ]
     producer = Producer({"bootstrap.servers": kafka_bootstrap})
     for headers in cases:
@@ -346,11 +346,11 @@ def test_the_planning_scan_reads_headers_as_the_table_column_does(spark, kafka_b
     slow, rows = [(read.withColumn(HEADERS_COLUMN, txn_headers(pipeline, fast=fast))
                    .select("offset", t["id"].alias("id"), t["position"].alias("position"),
                            t["expected"].alias("expected"), HEADERS_COLUMN, F.when(g.tripped, g.why).alias("flagged"),
-                           header(H.EVENT_ID).alias("event_id"))
+                           header(wire.EVENT_ID).alias("event_id"))
                    .orderBy("offset").collect()) for fast in (False, True)]
     assert [tuple(r) for r in rows] == [tuple(r) for r in slow]
     # The event id a G3 pipeline takes from the same pass is the header as `header` reads it.
-    assert pipeline.event_id == f"header:{H.EVENT_ID}"
+    assert pipeline.event_id == f"header:{wire.EVENT_ID}"
     assert [r[HEADERS_COLUMN]["event"] if r[HEADERS_COLUMN] else None for r in rows] == [r.event_id for r in rows]
     assert {r.event_id for r in rows} >= {"only an id", "first id", None}
     column = {r.offset: None if r.id is None else (r.id, r.position, r.expected) for r in rows}
@@ -428,7 +428,7 @@ def test_g3_is_checked_in_the_write_until_a_batch_meets_a_multi_event_transactio
     quarantined = spark.read.format("delta").load(pipeline.quarantine_path).collect()
     assert len(quarantined) == 2
     assert {r.error for r in quarantined} == {f"value does not parse as JSON matching the schema: {pipeline.schema_ddl}"}
-    assert {{h.key: h.value for h in r.headers}[H.TXID].decode() for r in quarantined} == {bad.split("/")[-1]}
+    assert {{h.key: h.value for h in r.headers}[wire.TXID].decode() for r in quarantined} == {bad.split("/")[-1]}
     assert spark.read.format("delta").load(pipeline.target).count() == 10
 
     # 3. After a scan that found one: scanned at planning (no check, no revision), cut by the scan.

@@ -20,7 +20,7 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from offsets.ledger import Ledger
-from outbox import headers as H
+from outbox import wire
 from outbox.schema import add_event
 from pipelines.ingest import IngestJob
 from tests.relay_harness import AGGREGATES, RelaySetup, Writers, header
@@ -53,7 +53,7 @@ def _by_version(spark: Any, target: str) -> dict[int, dict[str, tuple[int, int, 
 
 def _txn_ids(setup: RelaySetup) -> dict[str, int]:
     """Per source transaction in the topics (``lsn/txid``): its events there."""
-    return dict(Counter(f"{header(r, H.LSN)}/{header(r, H.TXID)}" for r in setup.records()))
+    return dict(Counter(f"{header(r, wire.LSN)}/{header(r, wire.TXID)}" for r in setup.records()))
 
 
 def test_a_backlog_older_than_the_timeout_lands_whole_under_a_small_cap(
@@ -101,13 +101,13 @@ def test_only_a_transaction_missing_events_below_the_lso_is_released_after_the_t
             conn.commit()
     setup.drain()
     records = setup.records()
-    victim = {f"{header(r, H.LSN)}/{header(r, H.TXID)}" for r in records if (r.key or b"").startswith(b"victim-")}
+    victim = {f"{header(r, wire.LSN)}/{header(r, wire.TXID)}" for r in records if (r.key or b"").startswith(b"victim-")}
     assert len(victim) == 1
     victim_id = victim.pop()
     # Retention takes the victim's events in one partition (they are its first records) and nothing else.
     mine: dict[tuple[str, int], list[int]] = defaultdict(list)
     for r in records:
-        if f"{header(r, H.LSN)}/{header(r, H.TXID)}" == victim_id:
+        if f"{header(r, wire.LSN)}/{header(r, wire.TXID)}" == victim_id:
             mine[(r.topic, r.partition)].append(r.offset)
     (topic, partition), offsets = min(mine.items())
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})  # alive until the futures complete

@@ -238,9 +238,8 @@ def test_manifest_records_read_as_blocks_give_the_scans_cut_and_guard_range(summ
     when it has one, else from its entries) cuts exactly as the scan of the records does,
     counts the same transactions, and lists the same LSN range for the guard."""
     from offsets.cut import ListedBlock, cut_with_inside, listed_spans
-    from outbox.manifest import Manifest, ManifestEntry
+    from outbox.wire import Manifest, ManifestEntry, decode_record
     from pipelines.transactions.manifest_records import (
-        _decoded,
         _summarized,
         _take,
         proposal_limits,
@@ -281,7 +280,7 @@ def test_manifest_records_read_as_blocks_give_the_scans_cut_and_guard_range(summ
             from_summary = _summarized(record, proposal_limits(intent), lambda t: t != "z")
             if from_summary is not None:  # then exactly the block the entries give
                 quick += 1
-                decoded = _decoded(manifest.encode())
+                decoded = decode_record(manifest.encode())
                 assert decoded is not None
                 (block,), block_ids, _ = _take(decoded[1], proposal_limits(intent), lambda t: t != "z", starts, ends)
                 assert isinstance(block, ListedBlock)

@@ -75,7 +75,7 @@ def test_spans_match_a_report_per_event_on_random_groups() -> None:
 def test_the_one_pass_manifest_is_byte_for_byte_resolve_then_encode() -> None:
     """Placement.encode (the relay's) against resolve + encode, on random groups with dead letters,
     an exact topic and gaps another producer left: the same record and summary bytes, or the same refusal."""
-    from outbox.manifest import encode
+    from outbox.wire import encode
 
     rng = random.Random(29)
     partitions = [A0, A1, B0, ("c", 2), ("d\"q", 1)]
@@ -118,7 +118,7 @@ def test_the_manifest_is_not_resolved_early_without_every_first_offset_or_with_a
 def test_the_manifest_encoder_writes_what_json_dumps_writes() -> None:
     import json
 
-    from outbox.manifest import Manifest, ManifestEntry
+    from outbox.wire import Manifest, ManifestEntry
 
     rng = random.Random(3)
     alphabet = ["a", "Z", "0", "/", ".", "-", '"', "\\", "é", "\n", " ", "~", "\x7f", "\x1f", "😀"]
