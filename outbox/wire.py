@@ -35,17 +35,8 @@ events do: a consumer holding a manifest knows exactly which records make each s
 transaction whole, without reading them (G3 from the manifest, ``offsets.cut``).
 A source transaction moved to the dead letters instead (``relay.on_oversized``) is listed
 with no spans and ``dead_lettered``: accounted for, never half-relayed.
-
-Why :class:`Placement` and not a delivery report per event: a report costs a Python call
-and a message object per event, the largest cost the relay had over a plain producer.
-The relay picks each event's partition itself, so it knows each event's index among the
-events the Kafka transaction puts in that partition, and asks for the reports of the
-first and the last there only (and of every event in the :attr:`Placement.exact` topics).
-One producer's records in one partition keep their order
-(idempotence), so when the last offset is the first plus the count less one, no other
-record lies between them and every event's offset is the first plus its index. When
-another producer's record does lie between them, the offsets in between are unknown:
-the transaction is redone (:class:`InterleavedError`) with a report per event for that topic.
+The relay places events so that it knows these spans from two delivery reports per
+partition (:class:`outbox.manifest.Placement`).
 """
 
 from __future__ import annotations
