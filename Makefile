@@ -45,7 +45,7 @@ $(STAMP): pyproject.toml requirements.lock
 	touch $@
 
 lint: bootstrap
-	$(BIN)/ruff check tidemark cli infra connectors offsets pipelines outbox quality orchestration bench tests
+	$(BIN)/ruff check tidemark infra connectors offsets pipelines outbox quality orchestration bench tests
 	$(BIN)/mypy
 
 clean:

@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             "pipelines": [{"name": "fresh", "topics": topics, "target": str(work / "tidemark"), "schema": SCHEMA,
                            "start": "latest", "trigger_interval_seconds": 1,
                            "transactions": {"manifest_topic": relay.manifest_topic}}]}))
-        cli = [sys.executable, "-m", "cli"]
+        cli = [sys.executable, "-m", "tidemark.cli"]
         logs = {n: open(work / f"{n}.log", "wb") for n in ("relay", "tidemark", "structured-streaming")}  # noqa: SIM115
         relay_proc = subprocess.Popen([*cli, "relay", "run", "--config", str(config)], stdout=logs["relay"],
                                       stderr=logs["relay"], env=env, start_new_session=True)

@@ -81,7 +81,7 @@ def serve_runs(mode: str, bootstrap: str, topic: str, api: str, work: Path, runs
         "name": name, "topics": [topic], "target": str(work / name), "schema": "id BIGINT, note STRING",
         "schedule": {"ingest_every_seconds": every, "audit_every_seconds": None, "maintain_every_seconds": None},
     }]}))
-    argv = [sys.executable, "-m", "cli", "serve", "--config", str(config)]
+    argv = [sys.executable, "-m", "tidemark.cli", "serve", "--config", str(config)]
     if mode == "cold":
         argv.append("--no-warm-driver")
     env = {**os.environ, "PREFECT_API_URL": api, "PREFECT_HOME": str(work / "prefect-home"),

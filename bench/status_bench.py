@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             spark.stop()
         print(f"ingested {report.rows} records in {len(report.batches)} batches", flush=True)
-        tidemark = [sys.executable, "-m", "cli"]
+        tidemark = [sys.executable, "-m", "tidemark.cli"]
         contenders = {
             "status": [*tidemark, "status", "--no-relay", "--config", str(config_path)],
             "offsets-show": [*tidemark, "offsets", "show", "bench", "--config", str(config_path)],

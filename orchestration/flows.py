@@ -220,7 +220,7 @@ def relay_flow(config: str = "tidemark.yaml", relay_id: str | None = None, max_r
     transaction in flight.
     """
     log = get_run_logger()
-    argv = [sys.executable, "-m", "cli", "relay", "run", "--config", config]
+    argv = [sys.executable, "-m", "tidemark.cli", "relay", "run", "--config", config]
     if relay_id:
         argv += ["--relay-id", relay_id]
     backoff = Backoff()

@@ -56,7 +56,7 @@ class Pipeline:
 
 
 def ingest_argv(config: Path, *extra: str, pipeline: str = "orders") -> list[str]:
-    return [sys.executable, "-m", "cli", "ingest", pipeline, "--config", str(config), *extra]
+    return [sys.executable, "-m", "tidemark.cli", "ingest", pipeline, "--config", str(config), *extra]
 
 
 def process_env(crash_at: str | None = None) -> dict[str, str]:

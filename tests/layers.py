@@ -28,9 +28,20 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("pipelines",),  # ingest, backfill, maintenance: Spark jobs over the three below
     ("quality",),  # checks of what the pipelines wrote
     ("orchestration",),  # schedules, the warm driver, status, metrics, the demo
-    ("cli",),  # the `tidemark` command
+    ("tidemark.cli",),  # the `tidemark` command: a package of its own inside `tidemark`
 )
-PACKAGES = tuple(p for floor in FLOORS for p in floor)
+NAMES = tuple(p for floor in FLOORS for p in floor)
+"""Each floor's packages; a dotted name is a subpackage that stands on its own floor."""
+PACKAGES = tuple(dict.fromkeys(name.split(".")[0] for name in NAMES))
+"""The top-level folders the project's modules live in."""
+
+
+def package_of(module: str) -> str:
+    """The floor package ``module`` belongs to: the longest of :data:`NAMES` it lies in."""
+    found = [n for n in NAMES if module == n or module.startswith(n + ".")]
+    if not found:
+        raise ValueError(f"{module} is in no floor: add its package to tests/layers.py FLOORS")
+    return max(found, key=len)
 
 
 @dataclass(frozen=True)
@@ -97,18 +108,15 @@ def edges() -> list[Edge]:
 
 
 def floor_of(module: str) -> int:
-    top = module.split(".")[0]
-    for index, floor in enumerate(FLOORS):
-        if top in floor:
-            return index
-    raise ValueError(f"{module} is in no floor: add its package to tests/layers.py FLOORS")
+    package = package_of(module)
+    return next(index for index, floor in enumerate(FLOORS) if package in floor)
 
 
 def upward(found: Iterable[Edge]) -> list[Edge]:
     """Imports that reach a higher floor, or across to another package of the same floor."""
     wrong = []
     for edge in found:
-        src, dst = edge.source.split(".")[0], edge.target.split(".")[0]
+        src, dst = package_of(edge.source), package_of(edge.target)
         if src == dst:
             continue
         if floor_of(edge.target) >= floor_of(edge.source):
@@ -161,7 +169,7 @@ def report() -> str:
     lines = ["floors, top first (a package imports only the floors below it):"]
     by_package: dict[str, set[str]] = {}
     for edge in found:
-        src, dst = edge.source.split(".")[0], edge.target.split(".")[0]
+        src, dst = package_of(edge.source), package_of(edge.target)
         if src != dst:
             by_package.setdefault(src, set()).add(dst)
     for number in range(len(FLOORS) - 1, -1, -1):

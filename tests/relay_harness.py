@@ -138,7 +138,7 @@ class RelaySetup:
         return psycopg2.connect(self.dsn)
 
     def argv(self, *extra: str) -> list[str]:
-        return [sys.executable, "-m", "cli", "relay", "run", "--config", str(self.config), *extra]
+        return [sys.executable, "-m", "tidemark.cli", "relay", "run", "--config", str(self.config), *extra]
 
     def env(self, crash_at: str | None = None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k != "TIDEMARK_CRASH_AT"}

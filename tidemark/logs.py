@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 #: Top-level packages whose records are Tidemark's own.
-OWN = frozenset({"tidemark", "cli", "pipelines", "connectors", "outbox", "offsets", "orchestration", "quality", "infra",
+OWN = frozenset({"tidemark", "pipelines", "connectors", "outbox", "offsets", "orchestration", "quality", "infra",
                  "bench", "__main__"})
 
 #: Set by :func:`configure`: Spark's driver logs to this file (``infra.spark``), librdkafka through

@@ -92,7 +92,7 @@ def test_sigterm_to_serves_process_group_exits_cleanly_and_loses_nothing(  # typ
     writers = Writers(setup, threads=1, late_rate=0.2, rollback_rate=0.15, pause=0.3, seed=82).start()
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
-        serve = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--relay", "--config", str(serve_config)],
+        serve = subprocess.Popen([sys.executable, "-m", "tidemark.cli", "serve", "--relay", "--config", str(serve_config)],
                                  env=prefect_env(prefect_api, tmp_path / "prefect-home"), stdout=out,
                                  stderr=subprocess.STDOUT, start_new_session=True)
     try:

@@ -140,7 +140,7 @@ def test_a_retention_shorter_than_the_promise_is_refused(tmp_path: Path) -> None
                                                                       "vacuum_retain_hours": 24}}]})
     config = write_config(tmp_path / "tidemark.yaml", "127.0.0.1:1", tmp_path / "orders", topics=["t"],
                           maintenance={"time_travel_hours": 48, "vacuum_retain_hours": 12})
-    done = subprocess.run([sys.executable, "-m", "cli", "maintain", "orders", "--config", str(config)],
+    done = subprocess.run([sys.executable, "-m", "tidemark.cli", "maintain", "orders", "--config", str(config)],
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == ConfigError.exit_code, done.stderr
     assert "vacuum_retain_hours 12 is shorter than time_travel_hours 48" in done.stderr

@@ -90,7 +90,7 @@ def _wait_for_compaction(table: str, after: int, proc: subprocess.Popen[bytes], 
 
 
 def _maintain_argv(config: Path) -> list[str]:
-    return [sys.executable, "-m", "cli", "maintain", "events", "--config", str(config)]
+    return [sys.executable, "-m", "tidemark.cli", "maintain", "events", "--config", str(config)]
 
 
 @pytest.mark.s3  # CI runs it in the S3 stage, on s3a:// tables; locally, `pytest -m slow` runs it on local paths

@@ -122,7 +122,7 @@ def test_a_served_schedule_runs_a_real_ingest(
     log = tmp_path / "serve.log"
     port = free_port()
     with log.open("wb") as out:
-        serve = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--config", str(config),
+        serve = subprocess.Popen([sys.executable, "-m", "tidemark.cli", "serve", "--config", str(config),
                                   "--metrics-port", str(port)],
                                  env=prefect_env(prefect_api, tmp_path / "prefect-home"), stdout=out,
                                  stderr=subprocess.STDOUT)

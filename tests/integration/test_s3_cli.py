@@ -22,7 +22,7 @@ def test_a_stopped_s3_endpoint_is_one_line_naming_it_within_10_s(tmp_path: Path,
     env = {**os.environ, "TIDEMARK_STORAGE": "s3", "TIDEMARK_S3__ENDPOINT": f"http://127.0.0.1:{port}",
            "TIDEMARK_HOME": str(tmp_path / "home")}
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "cli", *command, "--config", str(config)], env=env,
+    done = subprocess.run([sys.executable, "-m", "tidemark.cli", *command, "--config", str(config)], env=env,
                           capture_output=True, text=True, timeout=60, check=False)
     elapsed = time.monotonic() - started
     lines = done.stderr.strip().splitlines()
@@ -35,7 +35,7 @@ def test_a_table_on_s3_without_s3_storage_is_refused_naming_the_setting(tmp_path
     config = write_config(tmp_path / "tidemark.yaml", "127.0.0.1:1", "s3a://tables/orders", topics=["orders"])
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEMARK_S")} | {
         "TIDEMARK_HOME": str(tmp_path / "home")}
-    done = subprocess.run([sys.executable, "-m", "cli", "ingest", "orders", "--config", str(config)],
+    done = subprocess.run([sys.executable, "-m", "tidemark.cli", "ingest", "orders", "--config", str(config)],
                           env=env, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 78, done.stderr
     assert "TIDEMARK_STORAGE=s3" in done.stderr and "s3a://tables/orders" in done.stderr

@@ -228,7 +228,7 @@ def test_a_missing_acl_is_named_and_nothing_is_written(spark: Any, sasl: Embedde
     env = {**os.environ, "TIDEMARK_HOME": str(tmp_path / "home")}
 
     def ingest() -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "cli", "ingest", "orders", "--config",
+        return subprocess.run([sys.executable, "-m", "tidemark.cli", "ingest", "orders", "--config",
                                str(config_path)], check=False, capture_output=True, text=True, env=env, timeout=120)
 
     # Not even Describe; then Describe without Read: each one line, before Spark starts.
@@ -322,7 +322,7 @@ def test_postgres_refusals_are_named_and_stop_the_relay(pg_tls: EmbeddedPostgres
     config = tmp_path / "tidemark.yaml"
     config.write_text(yaml.safe_dump({"kafka": {"bootstrap_servers": kafka_bootstrap},
                                       "postgres": {"dsn": pg_tls.dsn.replace(passfile, "password=not-it")}}))
-    proc = subprocess.run([sys.executable, "-m", "cli", "relay", "run", "--config", str(config)],
+    proc = subprocess.run([sys.executable, "-m", "tidemark.cli", "relay", "run", "--config", str(config)],
                           check=False, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "TIDEMARK_HOME": str(tmp_path / "home")})
     assert proc.returncode == 77 and "refused the login of user 'postgres'" in proc.stderr, proc.stderr

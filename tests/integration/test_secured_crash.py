@@ -72,7 +72,7 @@ class _Product:
         self.outputs: list[str] = []
 
     def run(self, *argv: str, crash_at: str | None = None, expect: int = 0) -> None:
-        proc = subprocess.run([sys.executable, "-m", "cli", *argv],
+        proc = subprocess.run([sys.executable, "-m", "tidemark.cli", *argv],
                               env={**self.env, **({"TIDEMARK_CRASH_AT": crash_at} if crash_at else {})},
                               capture_output=True, text=True, timeout=600, check=False)
         self.outputs.append(proc.stdout + proc.stderr)
@@ -86,7 +86,7 @@ class _Product:
         """``ingest --follow`` until it has committed a batch, ``seconds`` more, then SIGTERM."""
         log = self.tmp / "follow.log"
         with log.open("w") as sink:
-            follow = subprocess.Popen([sys.executable, "-m", "cli", "-v", "ingest", "orders", "--config",
+            follow = subprocess.Popen([sys.executable, "-m", "tidemark.cli", "-v", "ingest", "orders", "--config",
                                        str(self.p.config), "--follow"], env=self.env, stdout=sink,
                                       stderr=subprocess.STDOUT)
             deadline = time.monotonic() + 300
@@ -136,7 +136,7 @@ class _Product:
 
         log = self.tmp / "serve.log"
         with log.open("wb") as out:
-            serve = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--config", str(self.p.config)],
+            serve = subprocess.Popen([sys.executable, "-m", "tidemark.cli", "serve", "--config", str(self.p.config)],
                                      env={**prefect_env(prefect_api, self.tmp / "prefect-home"),
                                           "TIDEMARK_HOME": str(self.home)}, stdout=out, stderr=subprocess.STDOUT)
         try:

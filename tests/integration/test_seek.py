@@ -192,7 +192,7 @@ def test_a_recreated_topic_and_lost_records_are_passed_by_seeking_under_the_same
 
 
 def _cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cli", *argv], capture_output=True, text=True, timeout=600,
+    return subprocess.run([sys.executable, "-m", "tidemark.cli", *argv], capture_output=True, text=True, timeout=600,
                           check=False, env=env)
 
 
@@ -227,7 +227,7 @@ def test_a_follower_under_a_seek_loses_no_batch_and_goes_on_from_the_new_offsets
     pipeline = config.pipelines[0]
     path = _write_yaml(tmp_path / "tidemark.yaml", config)
     _produce(kafka_bootstrap, topic, range(200))
-    follower = subprocess.Popen([sys.executable, "-m", "cli", "ingest", "orders", "--follow", "--config", str(path)],
+    follower = subprocess.Popen([sys.executable, "-m", "tidemark.cli", "ingest", "orders", "--follow", "--config", str(path)],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         _wait_for(lambda: _ends(pipeline.ledger_path) == {(topic, 0): 100, (topic, 1): 100},

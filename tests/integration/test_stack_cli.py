@@ -53,7 +53,7 @@ def cli_env(tmp_path: Path, settings: Settings) -> dict[str, str]:
 
 
 def tidemark(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cli", *args], env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "tidemark.cli", *args], env=env, capture_output=True,
                           text=True, timeout=timeout, check=False)
 
 

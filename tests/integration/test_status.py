@@ -15,7 +15,7 @@ from tests.kafka_helpers import transactional_producer, write_transaction
 from tidemark.config import parse_config
 
 # Runs a CLI command in a fresh interpreter and fails if it started a JVM (PySpark's gateway).
-_NO_JVM = ("import sys, cli.main as cli; rc = cli.main(sys.argv[1:]); "
+_NO_JVM = ("import sys, tidemark.cli.main as cli; rc = cli.main(sys.argv[1:]); "
            "spark = sys.modules.get('pyspark'); "
            "assert spark is None or spark.SparkContext._gateway is None, 'the command started a JVM'; sys.exit(rc)")
 

@@ -140,7 +140,7 @@ def test_truncated_transaction_waits_then_is_released_flagged_and_reported(
     # The command: a verdict table, the Data Docs path, exit 1.
     path = tmp_path / "tidemark.yaml"
     path.write_text(yaml.safe_dump(json.loads(config.model_dump_json(by_alias=True, exclude_none=True))))
-    done = subprocess.run([sys.executable, "-m", "cli", "check", pipeline.name, "--config", str(path),
+    done = subprocess.run([sys.executable, "-m", "tidemark.cli", "check", pipeline.name, "--config", str(path),
                            "--docs", str(tmp_path / "docs")], capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 1, done.stdout + done.stderr
     verdict = next(line for line in done.stdout.splitlines() if "every source transaction complete" in line)

@@ -28,7 +28,7 @@ from tests.ingest_harness import write_config
 
 def _run(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[subprocess.CompletedProcess[str], float]:
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "cli", *argv], env=env, cwd=cwd, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "tidemark.cli", *argv], env=env, cwd=cwd, capture_output=True, text=True,
                           timeout=90, check=False)
     return done, time.monotonic() - started
 
@@ -74,7 +74,7 @@ def test_a_follower_waits_at_its_start_for_a_closed_kafka_port_saying_so_within_
     config = write_config(tmp_path / "tidemark.yaml", f"127.0.0.1:{port}", tmp_path / "orders", topics=["orders"])
     log = tmp_path / "follow.log"
     with log.open("w") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "cli", "ingest", "orders", "--follow", "--config", str(config)],
+        proc = subprocess.Popen([sys.executable, "-m", "tidemark.cli", "ingest", "orders", "--follow", "--config", str(config)],
                                 env=env, cwd=tmp_path, stdout=sink, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 10
@@ -186,7 +186,7 @@ def test_a_follower_that_loses_kafka_waits_for_it_and_goes_on_exactly_once(setti
                               trigger_interval_seconds=1)
         metrics_port = free_port()
         log = (tmp_path / "follower.log").open("w")
-        follower = subprocess.Popen([sys.executable, "-m", "cli", "ingest", "orders", "--follow", "--config",
+        follower = subprocess.Popen([sys.executable, "-m", "tidemark.cli", "ingest", "orders", "--follow", "--config",
                                      str(config), "--metrics-port", str(metrics_port)],
                                     stdout=log, stderr=subprocess.STDOUT)
         try:

@@ -86,7 +86,7 @@ def test_a_killed_and_a_failed_run_leave_the_next_runs_of_both_pipelines_exactly
             return f.read().decode(errors="replace")
 
     with log.open("wb") as out:
-        serve = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--config", str(config)],
+        serve = subprocess.Popen([sys.executable, "-m", "tidemark.cli", "serve", "--config", str(config)],
                                  env=env, stdout=out, stderr=subprocess.STDOUT)
     drivers: set[int] = set()  # every Spark driver JVM seen under serve
     try:

@@ -25,5 +25,5 @@ def test_the_reader_sees_an_upward_import_and_a_cycle() -> None:
 
 def test_the_reader_finds_the_known_imports() -> None:
     found = {(e.source, e.target) for e in layers.edges()}
-    assert ("cli.main", "tidemark.settings") in found
+    assert ("tidemark.cli.main", "tidemark.settings") in found
     assert ("infra.spark", "infra.classpath") in found

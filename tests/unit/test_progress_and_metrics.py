@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from cli.progress import planned_offsets
 from connectors.admin import PartitionBounds
 from offsets.frames import BatchResult
 from offsets.ledger import Intent, Range
 from orchestration.metrics import Metrics
+from tidemark.cli.progress import planned_offsets
 
 
 def test_planned_offsets_count_from_the_committed_end_or_the_log_start() -> None:

@@ -1,12 +1,12 @@
-"""The checked-in reference pages are what ``cli.reference`` renders from the code now, and the
+"""The checked-in reference pages are what ``tidemark.cli.reference`` renders from the code now, and the
 rendering keeps what a reader needs: every field and every command, each page with its contents."""
 
 from __future__ import annotations
 
 import pytest
 
-from cli import reference
-from cli.main import build_parser
+from tidemark.cli import reference
+from tidemark.cli.main import build_parser
 from tidemark.config import TidemarkConfig
 
 

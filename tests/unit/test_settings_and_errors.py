@@ -112,7 +112,7 @@ def test_json_log_lines_are_one_object_each() -> None:
     import json
     import logging
 
-    from cli.main import JsonFormatter
+    from tidemark.cli.main import JsonFormatter
 
     record = logging.LogRecord("outbox.relay", logging.INFO, __file__, 1, "relayed txid %d: %d events", (7, 3), None)
     line = JsonFormatter().format(record)
@@ -126,7 +126,7 @@ def test_an_internal_error_prints_one_line_and_logs_the_traceback(tmp_path) -> N
     import subprocess
     import sys
 
-    crash = "import sys, cli.stack, cli.main\ncli.stack.cmd_stack_status = lambda a: 1 / 0\nsys.exit(cli.main.main(['stack', 'status']))"
+    crash = "import sys, tidemark.cli.stack, tidemark.cli.main\ntidemark.cli.stack.cmd_stack_status = lambda a: 1 / 0\nsys.exit(tidemark.cli.main.main(['stack', 'status']))"
     done = subprocess.run([sys.executable, "-c", crash], capture_output=True, text=True, timeout=60, check=False,
                           env={**os.environ, "TIDEMARK_HOME": str(tmp_path)})
     log_file = tmp_path / "logs" / "tidemark.log"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cli import main as cli_main
+from tidemark.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from cli.context import CONFIG, pipeline_of
-from cli.output import table
+from tidemark.cli.context import CONFIG, pipeline_of
+from tidemark.cli.output import table
 
 if TYPE_CHECKING:
     from offsets.ledger import Intent

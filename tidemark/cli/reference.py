@@ -5,7 +5,7 @@ types, defaults and each field's docstring) and ``docs/reference/commands.md`` f
 ``tidemark`` parser. Both are checked in; ``tests/unit/test_reference.py`` fails when one
 differs from what this module renders now. Regenerate them with::
 
-    .venv/bin/python -m cli.reference
+    .venv/bin/python -m tidemark.cli.reference
 
 This module reads the CLI's parser, so it lives on the CLI's floor (``tests/layers.py``).
 """
@@ -28,11 +28,11 @@ from typing import Any
 from pydantic import BaseModel, ByteSize, SecretStr
 from pydantic.fields import FieldInfo
 
-from cli.main import build_parser
+from tidemark.cli.main import build_parser
 from tidemark.config import TidemarkConfig
 
 ROOT = Path(__file__).resolve().parent.parent
-REGENERATE = ".venv/bin/python -m cli.reference"
+REGENERATE = ".venv/bin/python -m tidemark.cli.reference"
 # Usage lines are wrapped at a fixed width, not the terminal's, so every machine renders the same page.
 USAGE_WIDTH = 88
 
@@ -263,7 +263,7 @@ def _subcommand_rows(parser: argparse.ArgumentParser) -> list[str]:
 
 def commands_page() -> str:
     commands = list(_commands(build_parser()))
-    lines = _header("Command reference: `tidemark`", "the parser of `cli/main.py`")
+    lines = _header("Command reference: `tidemark`", "the parser of `tidemark/cli/main.py`")
     lines += [("Every command also takes `-h`/`--help`. Options of `tidemark` itself go before the command "
                "(`tidemark --debug ingest orders`)."), "", "## Contents", ""]
     for sub, _help in commands:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from cli.context import CONFIG, metrics_arguments, relay_of, serve_metrics
-from cli.output import size, table
+from tidemark.cli.context import CONFIG, metrics_arguments, relay_of, serve_metrics
+from tidemark.cli.output import size, table
 from tidemark.errors import ConfigError
 from tidemark.settings import settings
 

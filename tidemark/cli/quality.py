@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from cli.context import CONFIG, pipeline_of
-from cli.output import table
+from tidemark.cli.context import CONFIG, pipeline_of
+from tidemark.cli.output import table
 from tidemark.settings import settings
 
 

@@ -12,7 +12,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from cli import acls, demo, offsets, pipelines, quality, relay, serve, stack
+from tidemark.cli import acls, demo, offsets, pipelines, quality, relay, serve, stack
 from tidemark.errors import TidemarkError
 from tidemark.settings import settings
 
@@ -97,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         import traceback
 
-        logging.getLogger("cli").exception("internal error", extra={"file_only": True})
+        logging.getLogger("tidemark.cli").exception("internal error", extra={"file_only": True})
         last = traceback.format_exc().strip().splitlines()[-1]
         print(f"tidemark: internal error: {last}\nthe traceback is in {log_file}; rerun with --debug to see it "
               "here, and report it", file=sys.stderr)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from cli.output import table
+from tidemark.cli.output import table
 from tidemark.settings import settings
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from cli.context import CONFIG
+from tidemark.cli.context import CONFIG
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

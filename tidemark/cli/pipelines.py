@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from cli.context import CONFIG, metrics_arguments, pipeline_of, serve_metrics, servers_answering
-from cli.output import table
+from tidemark.cli.context import CONFIG, metrics_arguments, pipeline_of, serve_metrics, servers_answering
+from tidemark.cli.output import table
 from tidemark.settings import settings
 
 
@@ -47,13 +47,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    from cli.progress import IngestProgress, on_terminal, planned_offsets
     from connectors.kafka_config import librdkafka_config
     from infra.spark import build_session
     from offsets.frames import BatchResult
     from offsets.ledger import read_last
     from orchestration.metrics import never_raising
     from pipelines.ingest import IngestJob
+    from tidemark.cli.progress import IngestProgress, on_terminal, planned_offsets
     from tidemark.signals import stop_on_signals
 
     config, pipeline, bootstrap = servers_answering(args) if args.follow else pipeline_of(args)
@@ -95,9 +95,9 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:
-    from cli.progress import IngestProgress
     from infra.spark import build_session
     from pipelines.backfill import Backfill, parse_batches, parse_offsets
+    from tidemark.cli.progress import IngestProgress
     from tidemark.config import TimestampStart
     from tidemark.errors import ConfigError
 

@@ -1,7 +1,0 @@
-"""``python -m cli``: the ``tidemark`` command, for hosts where the entry point is not on PATH."""
-
-import sys
-
-from cli.main import main
-
-sys.exit(main())
