@@ -175,7 +175,7 @@ def _run_nontxn(dsn: str, client: dict[str, str], relay: Any, slot: str, events:
                 idle_since = time.monotonic()
                 if not unflushed:
                     opened = time.monotonic()
-                for topic, key, value, headers in job._messages(txn, job._routed(txn)):
+                for topic, key, value, headers in job.staging.messages(txn, job.admission.routed(txn)):
                     while True:
                         try:
                             producer.produce(topic, value, key, headers=headers)

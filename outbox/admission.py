@@ -31,6 +31,7 @@ from outbox.deadletter import (
     acknowledged,
     dead_letter_events,
 )
+from outbox.outage import RegistryWaits
 from outbox.payloads import InvalidPayload, PayloadEncoder
 from outbox.pgoutput import format_lsn
 from outbox.position import OFFSETS_TOPIC_CONFIG
@@ -62,31 +63,37 @@ def _admin_call(call: Callable[[], Any]) -> Any:
 
 
 class Admission:
-    """The relay's part that knows its topics and decides what goes into Kafka (a mixin of
-    :class:`outbox.relay.Relay`, whose ``__init__`` sets the state named here)."""
+    """The relay's topics, and what of each source transaction goes into Kafka: owned by
+    :class:`outbox.relay.Relay`, which asks it at step 4 and reads :attr:`partition_counts`
+    at step 5."""
 
-    config: RelayConfig
-    client_config: dict[str, Any]
-    replication_factor: int | None
-    topic_partitions: int | None
-    table: TableName
-    dead_letters: TableName
-    _known_topics: set[str]
-    _limits: dict[str, int]
-    _partition_counts: dict[str, int]
-    _counted_at: float
-    _routes: dict[bytes, str]
-    _connect_db: Callable[[], Any]
-    """The relay's own connection to the database (``outbox.relay``)."""
-    encoder: PayloadEncoder | None
-    """``relay.format: avro`` or ``protobuf``: how payloads become its values (``outbox.payloads``)."""
-    report: RelayReport
-    _registry_answered: Callable[[list[str]], None]
-    """Events of these topics were encoded: the wait for the schema registry may be over (``outbox.outage``)."""
+    def __init__(self, config: RelayConfig, client_config: dict[str, Any], *, table: TableName,
+                 dead_letters: TableName, report: RelayReport, db: Callable[[], Any],
+                 encoder: PayloadEncoder | None = None, waits: RegistryWaits | None = None,
+                 replication_factor: int | None = None, topic_partitions: int | None = None) -> None:
+        self.config = config
+        self.client_config = client_config
+        self.table = table
+        self.dead_letters = dead_letters
+        self.report = report
+        self._db = db
+        """The relay's own connection to the database (``outbox.relay``)."""
+        self.encoder = encoder
+        """``relay.format: avro`` or ``protobuf``: how payloads become its values (``outbox.payloads``)."""
+        self._waits = waits
+        """The relay's wait for the schema registry, told when events of a topic were encoded (``outbox.outage``)."""
+        self.replication_factor = replication_factor or config.replication_factor
+        self.topic_partitions = topic_partitions or config.topic_partitions
+        self._known_topics: set[str] = set()
+        self._limits: dict[str, int] = {}
+        self.partition_counts: dict[str, int] = {}
+        """Each known topic's partition count (step 5 partitions events as librdkafka would)."""
+        self._counted_at = 0.0
+        self._routes: dict[bytes, str] = {}
 
     # -- the relay's topics ------------------------------------------------------------
 
-    def _ensure_topics(self, topics: set[str], *, compacted: bool = False, single: bool = False) -> None:
+    def ensure_topics(self, topics: set[str], *, compacted: bool = False, single: bool = False) -> None:
         """Create missing topics (shape from the config, else the cluster's defaults); learn each one's size limit.
 
         ``compacted`` (the offsets topic) and ``single`` (the manifest, read in order) get one partition.
@@ -139,7 +146,7 @@ class Admission:
             listed = _admin_call(lambda: admin.list_topics(timeout=15)).topics
             counts = {t: len(listed[t].partitions) for t in topics
                       if t in listed and listed[t].error is None and listed[t].partitions}
-            self._partition_counts.update(counts)
+            self.partition_counts.update(counts)
             if len(counts) == len(topics):
                 self._counted_at = time.monotonic()
                 return
@@ -148,15 +155,15 @@ class Admission:
                                             "30 s after creating them")
             time.sleep(0.2)
 
-    def _recount_partitions(self) -> None:
+    def recount_partitions(self) -> None:
         """Read the partition counts again once :data:`PARTITIONS_REFRESH_SECONDS` have passed (a topic may
         have grown: an event goes where librdkafka's partitioner would now put it)."""
         if time.monotonic() - self._counted_at > PARTITIONS_REFRESH_SECONDS:
             from confluent_kafka.admin import AdminClient
 
-            self._count_partitions(AdminClient(self.client_config), set(self._partition_counts))
+            self._count_partitions(AdminClient(self.client_config), set(self.partition_counts))
 
-    def _partitions(self, topic: str) -> int:
+    def partitions(self, topic: str) -> int:
         from confluent_kafka.admin import AdminClient
 
         admin = AdminClient(self.client_config)
@@ -171,13 +178,13 @@ class Admission:
             topic = self._routes[aggregatetype] = self.config.topic_for(aggregatetype.decode())
         return topic
 
-    def _routed(self, txn: SourceTransaction) -> list[str]:
+    def routed(self, txn: SourceTransaction) -> list[str]:
         """The topic of each event of ``txn`` (routed once: step 4's checks and step 5's messages use them);
         a topic met for the first time is created if missing and its size limit learnt."""
         routes = self._routes
         topics = [routes.get(e.aggregatetype) or self._topic(e.aggregatetype) for e in txn.events]
         if not self._known_topics.issuperset(topics):
-            self._ensure_topics(set(topics))
+            self.ensure_topics(set(topics))
         return topics
 
     def _oversized(self, txn: SourceTransaction, topics: list[str]) -> tuple[bytes, str, int, int] | None:
@@ -193,7 +200,7 @@ class Admission:
                 return e.id, topic, size, self._limits[topic]
         return None
 
-    def _admit(self, txn: SourceTransaction, topics: list[str]) -> bool:
+    def admit(self, txn: SourceTransaction, topics: list[str]) -> bool:
         """Whether ``txn`` (its events bound for ``topics``) goes to Kafka (True) or to the dead letters
         (False); raises if it may do neither."""
         big = self._oversized(txn, topics)
@@ -212,7 +219,7 @@ class Admission:
         operator, or moved there by ``policy`` ``dead_letter`` — else raise ``error``, which stops the
         relay before anything of it is produced."""
         ids = [e.id.decode() for e in txn.events]
-        with self._connect_db().cursor() as cur:
+        with self._db().cursor() as cur:
             if acknowledged(cur, self.dead_letters, ids):
                 log.warning("source transaction %d (commit LSN %s): acknowledged as dead letters (%s); skipping it",
                             txn.xid, format_lsn(txn.commit_lsn), reason)
@@ -228,7 +235,7 @@ class Admission:
             f"transaction to {self.dead_letters} with `tidemark relay dead-letter --xid {txn.xid}` and restart "
             f"(relay.{setting}: dead_letter does that by itself)")
 
-    def _encoded(self, txn: SourceTransaction, topics: list[str]) -> SourceTransaction | None:
+    def encoded(self, txn: SourceTransaction, topics: list[str]) -> SourceTransaction | None:
         """``relay.format: avro``/``protobuf``: ``txn`` with each payload encoded as its topic's value, or None if an
         event's payload does not match its schema and the transaction went to the dead letters
         (``on_invalid_payload: dead_letter``); raises :class:`InvalidPayloadError` to stop the relay.
@@ -240,13 +247,13 @@ class Admission:
             try:
                 values.append(encode(topic, e.payload, serialized=e.serialized))
             except InvalidPayload as why:
-                if self.report.registry_down:
-                    self._registry_answered(topics[:len(values) + 1])
+                if self._waits is not None:
+                    self._waits.answered(topics[:len(values) + 1])
                 self._refuse(txn, f"event {e.id.decode()}: {why}", self.config.on_invalid_payload,
                              InvalidPayloadError, "register a schema version the payload matches and restart",
                              "on_invalid_payload")
                 return None
-        if self.report.registry_down:
-            self._registry_answered(topics)
+        if self._waits is not None:
+            self._waits.answered(topics)
         return SourceTransaction(txn.xid, txn.commit_lsn, txn.end_lsn, txn.commit_time, txn.events, txn.size,
                                  tuple(values))

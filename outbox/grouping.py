@@ -16,7 +16,7 @@ import json
 import time
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -29,7 +29,7 @@ from outbox import wire
 from outbox.capture import SourceTransaction
 from outbox.manifest import Placement
 from outbox.wire import TopicPartition
-from tidemark.config import GroupCommitConfig, RelayConfig
+from tidemark.config import GroupCommitConfig
 
 #: Staged events handed to librdkafka at a time: one call per batch, not per source transaction.
 SEND_BATCH = 512
@@ -137,16 +137,16 @@ class Group:
 
 
 class Staging:
-    """The relay's part that builds a source transaction's messages and stages them in its group
-    (a mixin of :class:`outbox.relay.Relay`, whose ``__init__`` sets the state named here)."""
+    """Step 5's events of each source transaction as it joins its group (owned by
+    :class:`outbox.relay.Relay`, which opens the group's Kafka transaction first)."""
 
-    config: RelayConfig
-    _counts_json: dict[tuple[tuple[str, int], ...], bytes]
-    _partition_counts: dict[str, int]
-    _open: Callable[[TransactionalProducer, Group], None]
-    """Step 5's opening of the group's Kafka transaction (``outbox.relay``)."""
+    def __init__(self, relay_id: str, partition_counts: dict[str, int]) -> None:
+        self.relay_id = relay_id
+        self.partition_counts = partition_counts
+        """Each topic's partition count, kept current by :class:`outbox.admission.Admission`."""
+        self._counts_json: dict[tuple[tuple[str, int], ...], bytes] = {}
 
-    def _messages(self, txn: SourceTransaction, topics: list[str]
+    def messages(self, txn: SourceTransaction, topics: list[str]
                   ) -> Iterator[tuple[str, bytes, bytes | None, list[Any]]]:
         """(topic, key, value, headers) of each event (bound for ``topics``, :meth:`_routed`), built as it is
         produced: the transaction is held once."""
@@ -156,24 +156,21 @@ class Staging:
             counted = json.dumps(dict(counts), separators=(",", ":")).encode()
             if len(self._counts_json) < 4096:
                 self._counts_json[counts] = counted
-        shared = wire.txn_headers(self.config.id, txn.xid, txn.commit_lsn, len(txn.events), counted)
+        shared = wire.txn_headers(self.relay_id, txn.xid, txn.commit_lsn, len(txn.events), counted)
         values = txn.values or [e.payload for e in txn.events]
         for i, (topic, e, value) in enumerate(zip(topics, txn.events, values, strict=True)):
             yield topic, e.aggregateid, value, [(wire.EVENT_ID, e.id), (wire.EVENT_TYPE, e.type), *shared,
                                                     (wire.POSITION, str(i).encode())]
 
-    def _stage(self, producer: TransactionalProducer, group: Group, txn: SourceTransaction, topics: list[str]) -> None:
-        """Step 5's events, as ``txn`` (the group's newest) joins it: librdkafka sends them while the next
-        transactions are decoded. Each partition's newest event waits in ``group.held`` (see there)."""
-        if group.placement is None:
-            self._open(producer, group)
-            if not group.txns or group.txns[-1] is not txn:
-                return  # relayed by another instance meanwhile
+    def stage(self, producer: TransactionalProducer, group: Group, txn: SourceTransaction, topics: list[str]) -> None:
+        """Step 5's events, as ``txn`` (the group's newest) joins its open Kafka transaction: librdkafka
+        sends them while the next transactions are decoded. Each partition's newest event waits in
+        ``group.held`` (see there)."""
         placement, held, offsets, unsent = group.placement, group.held, group.offsets, group.unsent
         assert placement is not None
-        counts, exact, delivered = self._partition_counts, placement.exact, group.delivered
+        counts, exact, delivered = self.partition_counts, placement.exact, group.delivered
         spans = placement.open()
-        for topic, key, value, headers in self._messages(txn, topics):
+        for topic, key, value, headers in self.messages(txn, topics):
             partition = partition_for(key, counts[topic])
             tp = (topic, partition)
             n = placement.place(spans, tp)
@@ -185,10 +182,10 @@ class Staging:
                 report = partial(delivered, tp, 0)
             held[tp] = (topic, partition, key, value, headers, report)
         if len(unsent) >= SEND_BATCH:
-            producer.within(lambda p: self._send(p, group), what=f"relaying source transaction {txn.xid}")
+            producer.within(lambda p: self.send(p, group), what=f"relaying source transaction {txn.xid}")
 
     @staticmethod
-    def _send(p: TransactionalProducer, group: Group) -> None:
+    def send(p: TransactionalProducer, group: Group) -> None:
         """Hand ``group.unsent`` to librdkafka, asking for the delivery reports the manifest needs:
         a partition's first event, and every event of an :attr:`Placement.exact` topic."""
         p.produce_all(group.unsent)

@@ -57,11 +57,15 @@ answer a lookup step 4 needs (``relay.format: avro``, ``protobuf``): the same wa
 as the registry's. Only being fenced, a changed source
 stream, a refused event or bad configuration stop it (non-zero exit).
 
-The relay's helpers, one concern each: ``outbox.grouping`` (what a group holds, when it is
-full, its events staged into its Kafka transaction), ``outbox.admission`` (each event's topic,
-the topics' limits, a refused or dead-lettered transaction), ``outbox.outage`` (Kafka or
-PostgreSQL lost and waited for, the backoff, fencing again) and ``outbox.status`` (a relay seen
-from outside). The order of the steps, and what a crash after each leaves, is only here.
+The relay owns one object per helper concern, each holding its own state:
+:class:`~outbox.admission.Admission` (each event's topic, the topics' limits and partition
+counts, a refused or dead-lettered transaction), :class:`~outbox.grouping.Staging` (a source
+transaction's events staged into its group's Kafka transaction), and
+:class:`~outbox.outage.Backoff` with :class:`~outbox.outage.RegistryWaits` (how long to wait
+after an outage, the registry's wait named, when a failing group is given up on).
+``outbox.grouping`` also says what a group holds and when it is full; ``outbox.status`` shows a
+relay from outside. The order of the steps, the loop of sessions and what a crash after each
+step leaves are only here.
 """
 
 from __future__ import annotations
@@ -75,8 +79,13 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-from connectors.preflight import require_operation
-from connectors.producer import TransactionAbortedError, TransactionalProducer
+from connectors.preflight import postgres_refusal, require_operation
+from connectors.producer import (
+    CommitOutcomeUnknownError,
+    KafkaUnavailableError,
+    TransactionAbortedError,
+    TransactionalProducer,
+)
 from outbox.admission import Admission
 from outbox.capture import (
     Capture,
@@ -88,8 +97,8 @@ from outbox.capture import (
 from outbox.deadletter import RefusedTransactionError
 from outbox.grouping import Group, Staging, collector_for_groups
 from outbox.manifest import InterleavedError, Placement
-from outbox.outage import Outages
-from outbox.payloads import PayloadEncoder
+from outbox.outage import Backoff, RegistryWaits
+from outbox.payloads import PayloadEncoder, RegistryOutage
 from outbox.pgoutput import format_lsn
 from outbox.position import (
     Position,
@@ -105,7 +114,7 @@ from outbox.source import verify
 from outbox.status import relay_backlog, relay_status
 from outbox.wire import SUMMARY_HEADER
 from tidemark.config import RelayConfig
-from tidemark.errors import KafkaAccessError, TerminalError
+from tidemark.errors import KafkaAccessError, ServiceUnavailableError, TerminalError
 
 __all__ = ["CRASH_POINTS", "Relay", "RelayReport", "relay_backlog", "relay_status"]
 
@@ -120,33 +129,27 @@ def _crash_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-class Relay(Admission, Staging, Outages):
-    """The relay protocol: the steps above, in :meth:`_session`. The helpers' methods come from
-    :class:`~outbox.admission.Admission` (step 4's routing and checks), :class:`~outbox.grouping.Staging`
-    (step 5's events, as each source transaction joins) and :class:`~outbox.outage.Outages` (the
-    backoff, fencing again, PostgreSQL lost); the state they share is set here."""
+class Relay:
+    """The relay protocol: the steps above, in :meth:`_session`, run by :meth:`run` until stopped."""
 
     def __init__(self, relay: RelayConfig, *, dsn: str, client_config: dict[str, Any],
                  replication_factor: int | None = None, topic_partitions: int | None = None,
                  encoder: PayloadEncoder | None = None) -> None:
         self.config = relay
-        self.encoder = encoder
         self.dsn = dsn
         self.client_config = client_config
-        self.replication_factor = replication_factor or relay.replication_factor
-        self.topic_partitions = topic_partitions or relay.topic_partitions
         self.table = TableName.parse(relay.table)
-        self.dead_letters = TableName.parse(relay.dead_letter_table)
         self.transactional_id = relay.transactional_id
         self.report = RelayReport()
-        self._known_topics: set[str] = set()
-        self._limits: dict[str, int] = {}
-        self._partition_counts: dict[str, int] = {}
-        self._counted_at = 0.0
+        self.registry = RegistryWaits(self.report)
+        self.backoff = Backoff(self.report, self.registry)
+        self.admission = Admission(relay, client_config, table=self.table,
+                                   dead_letters=TableName.parse(relay.dead_letter_table), report=self.report,
+                                   db=self._connect_db, encoder=encoder, waits=self.registry,
+                                   replication_factor=replication_factor, topic_partitions=topic_partitions)
+        self.staging = Staging(relay.id, self.admission.partition_counts)
         self._exact_topics: set[str] = set()
         """Topics another producer writes into as well: every event there gets a delivery report."""
-        self._counts_json: dict[tuple[tuple[str, int], ...], bytes] = {}
-        self._routes: dict[bytes, str] = {}
         self._db = None
         self._pending_ids: list[bytes] = []
         self._pending_lsn: int | None = None
@@ -210,7 +213,7 @@ class Relay(Admission, Staging, Outages):
                 group.dead = {i - len(done) for i in group.dead if i >= len(done)}
         if not group.txns:
             return
-        self._recount_partitions()
+        self.admission.recount_partitions()
         producer.begin()
         group.placement, group.open = Placement(frozenset(self._exact_topics)), True
 
@@ -226,7 +229,7 @@ class Relay(Admission, Staging, Outages):
         position = Position(last.end_lsn, last.xid, datetime.now(UTC).isoformat(), source)
 
         def body(p: TransactionalProducer) -> None:
-            self._send(p, group)
+            self.staging.send(p, group)
             sent = placement.sent  # each held event is its partition's last: index sent - 1
             p.produce_all((topic, partition, key, value, headers,
                            report or partial(group.delivered, (topic, partition), sent[(topic, partition)] - 1))
@@ -320,9 +323,23 @@ class Relay(Admission, Staging, Outages):
     # -- the loop ----------------------------------------------------------------------
 
     def run(self, stop: threading.Event, *, idle_exit: float | None = None) -> RelayReport:
-        """Relay until ``stop`` is set (or, with ``idle_exit``, until nothing arrives for that long)."""
+        """Relay until ``stop`` is set (or, with ``idle_exit``, until nothing arrives for that long).
+
+        Sessions (steps 1-6) until one ends by itself: after an outage the relay steps back and
+        starts the next (:attr:`backoff`); after a failed group it starts the next at once (a
+        fence, a fresh position)."""
         with collector_for_groups():
-            return self._run(stop, idle_exit)
+            while not stop.is_set():
+                try:
+                    self._session(stop, idle_exit)
+                    return self.report
+                except RegistryOutage as outage:
+                    stop.wait(self.backoff.registry_down(outage))
+                except (KafkaUnavailableError, PositionUnreadableError, ServiceUnavailableError) as outage:
+                    stop.wait(self.backoff.kafka_down(outage))
+                except (TransactionAbortedError, CommitOutcomeUnknownError) as error:
+                    self.backoff.group_failed(error)
+        return self.report
 
     def _session(self, stop: threading.Event, idle_exit: float | None) -> None:
         """Steps 1-6 until stopped or idle; a Kafka failure ends the session (``run`` starts the next)."""
@@ -337,8 +354,8 @@ class Relay(Admission, Staging, Outages):
         try:
             producer.init(timeout=self.config.kafka_retry_seconds)             # step 1
             _crash_point("fenced")
-            self._ensure_topics({self.config.offsets_topic}, compacted=True)
-            self._ensure_topics({self.config.manifest_topic}, single=True)
+            self.admission.ensure_topics({self.config.offsets_topic}, compacted=True)
+            self.admission.ensure_topics({self.config.manifest_topic}, single=True)
             self._resume()                                                     # step 2
             _crash_point("resumed")
             group = Group()
@@ -375,10 +392,10 @@ class Relay(Admission, Staging, Outages):
                         self._flush(producer, group, capture)
                         group = Group()
                     try:
-                        topics = self._routed(txn)                             # step 4
-                        admitted = self._admit(txn, topics) if topics else True
-                        if admitted and topics and self.encoder is not None:
-                            encoded = self._encoded(txn, topics)
+                        topics = self.admission.routed(txn)                    # step 4
+                        admitted = self.admission.admit(txn, topics) if topics else True
+                        if admitted and topics and self.admission.encoder is not None:
+                            encoded = self.admission.encoded(txn, topics)
                             txn, admitted = (txn, False) if encoded is None else (encoded, True)
                     except RefusedTransactionError:
                         if group.txns:
@@ -387,7 +404,10 @@ class Relay(Admission, Staging, Outages):
                         raise
                     group.add(txn, dead=not admitted)
                     if admitted and txn.events:
-                        self._stage(producer, group, txn, topics)              # step 5, as it joins
+                        if group.placement is None:
+                            self._open(producer, group)
+                        if group.txns and group.txns[-1] is txn:  # else relayed by another instance meanwhile
+                            self.staging.stage(producer, group, txn, topics)   # step 5, as it joins
                     if group.full(linger, limits):
                         self._flush(producer, group, capture)
                         group = Group()
@@ -438,7 +458,68 @@ class Relay(Admission, Staging, Outages):
                       format_lsn(self.position.end_lsn) if self.position else "?")
             self.position, self._older_since = read, None
         # Where read_position looks: an offsets topic made elsewhere may have more than one partition.
-        self._offsets_partition = offsets_partition(self.config.id, self._partitions(self.config.offsets_topic) or 1)
+        self._offsets_partition = offsets_partition(self.config.id, self.admission.partitions(self.config.offsets_topic) or 1)
         log.info("relay %s resumes after %s", self.config.id,
                  format_lsn(self.position.end_lsn) if self.position else "the start")
+
+    # -- after a failure: fencing again, PostgreSQL lost, a fenced session ------------
+
+    def _refence(self, producer: TransactionalProducer) -> None:
+        """A new producer instance (epoch bump), then the position as the topics now say.
+
+        Read again because the renewal is a fence like any restart's: a relay with this id
+        started meanwhile may have moved the position, and it is now fenced in turn.
+        """
+        producer.renew()
+        self.report.refenced += 1
+        self._resume()
+
+    def _probe_ownership(self, producer: TransactionalProducer) -> None:
+        """Commit the current position again: a fenced relay fails here and stops (G5).
+
+        A relay that has relayed nothing yet commits position 0, which skips nothing.
+        """
+        current = self.position or Position(0, 0, datetime.now(UTC).isoformat())
+        producer.run(lambda p: p.produce(self.config.offsets_topic, key=self.config.id.encode(),
+                                         value=current.to_json(self.config.id), partition=self._offsets_partition),
+                     what="checking this relay still owns its id")
+
+    def _postgres_lost(self, exc: Exception, producer: TransactionalProducer, capture: Capture | None,
+                       group: Group, stop: threading.Event) -> None:
+        """After a PostgreSQL error in a session: stop on a refusal, else close the capture, abort the open
+        group, wait and check this relay still owns its id; the caller starts over with a new capture and
+        group."""
+        # PostgreSQL restarting or the session ended: reconnect and resume from the slot.
+        # Unacknowledged transactions come again and are skipped by position. A refused
+        # login or certificate (a password rotated under us) is no outage: it stops.
+        refusal = postgres_refusal(exc, self.dsn)
+        if refusal is not None:
+            if group.open:
+                producer.abort(self.config.transaction_timeout_ms / 1000)
+            raise refusal from None
+        log.warning("PostgreSQL connection lost (%s); reconnecting", str(exc).strip().splitlines()[0])
+        if capture is not None:
+            capture.close()
+        if group.open:
+            producer.abort(self.config.transaction_timeout_ms / 1000)  # its events come again
+        self._db = None
+        self._pending_ids, self._pending_lsn, self._unacked = [], None, 0
+        stop.wait(1.0)
+        # Still ours? A newer relay may have fenced us and ended our session.
+        self._probe_ownership(producer)
+
+    def _end_fenced_session(self, busy: SlotBusyError) -> None:
+        """End the session holding the slot if it is a relay with this id (step 1 fenced it); else wait."""
+        if not busy.pid:
+            return
+        with self._connect_db().cursor() as cur:
+            cur.execute("SELECT application_name FROM pg_stat_activity WHERE pid = %s", (busy.pid,))
+            row = cur.fetchone()
+            if row is None:
+                return  # gone already
+            if row[0] != self.transactional_id:
+                raise SlotBusyError(self.config.slot_name, busy.pid, holder=row[0])
+            log.warning("slot %s held by server process %d (a fenced relay with this id); ending that session",
+                        self.config.slot_name, busy.pid)
+            cur.execute("SELECT pg_terminate_backend(%s)", (busy.pid,))
 

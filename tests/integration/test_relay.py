@@ -207,7 +207,7 @@ def test_another_producer_between_the_relays_records_gets_exact_spans(setup: Rel
     client = {"bootstrap.servers": setup.bootstrap, "batch.num.messages": 1}
     relay = Relay(config.relay, dsn=setup.dsn, client_config=client)
     topics = sorted(config.relay.topic_for(a) for a in AGGREGATES)
-    relay._ensure_topics(set(topics))  # so the other producer has them
+    relay.admission.ensure_topics(set(topics))  # so the other producer has them
     stop, foreign = threading.Event(), Producer({"bootstrap.servers": setup.bootstrap, "linger.ms": 0})
 
     def interfere() -> None:

@@ -6,6 +6,8 @@ settling window (outbox.relay)."""
 from __future__ import annotations
 
 import threading
+import time
+from types import SimpleNamespace
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
@@ -16,6 +18,7 @@ from connectors.producer import (
     ProducerFencedError,
     TransactionalProducer,
 )
+from outbox.admission import Admission
 from outbox.position import Position, PositionUnreadableError, Source, resumed
 from outbox.relay import Relay
 from outbox.source import Slot, SourceChangedError, verify
@@ -154,7 +157,7 @@ def test_the_back_off_starts_over_once_the_relay_has_relayed_again() -> None:
 
     stop = Clock()
     relay._session = session  # type: ignore[method-assign]
-    relay._run(stop, None)
+    relay.run(stop)
     assert waits == [1.0, 2.0, 4.0, 1.0, 2.0, 1.0]
 
 
@@ -170,8 +173,9 @@ def test_an_older_position_is_believed_only_after_the_settling_window(monkeypatc
     relay.position = _at(1000)
     clock = [100.0]
     monkeypatch.setattr(relay_module, "read_position", lambda *a, **k: _at(900))
-    monkeypatch.setattr(relay_module.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(Relay, "_partitions", lambda self, topic: 1)
+    # The relay module's name for the clock, not the process-wide time module other threads run on.
+    monkeypatch.setattr(relay_module, "time", SimpleNamespace(monotonic=lambda: clock[0], sleep=time.sleep))
+    monkeypatch.setattr(Admission, "partitions", lambda self, topic: 1)
     for seconds in (0, 20, 49.9):
         clock[0] = 100 + seconds
         with pytest.raises(PositionUnreadableError):

@@ -164,9 +164,9 @@ def test_a_registry_outage_is_counted_and_logged_as_the_registry_s(caplog: pytes
 
     def session(stop: threading.Event, idle_exit: float | None) -> None:
         if next(sessions, None) is None:
-            relay._registry_answered(["u"])  # a topic whose schema the relay holds: no answer yet
+            relay.registry.answered(["u"])  # a topic whose schema the relay holds: no answer yet
             assert relay.report.registry_down
-            relay._registry_answered(["u", "t"])
+            relay.registry.answered(["u", "t"])
             return
         raise RegistryOutage(URL, "t-value", "ConnectError: refused")
 
@@ -177,7 +177,7 @@ def test_a_registry_outage_is_counted_and_logged_as_the_registry_s(caplog: pytes
 
     relay._session = session  # type: ignore[method-assign]
     with caplog.at_level(logging.WARNING, logger="outbox.relay"):
-        relay._run(Clock(), None)
+        relay.run(Clock())
     report = relay.report
     assert (report.registry_outages, report.outages, report.registry_down) == (1, 0, False)
     lines = [r.getMessage() for r in caplog.records]
