@@ -4,9 +4,8 @@ Every ``tidemark ingest``, audit and backfill process starts a JVM that loads, p
 verifies some 20,000 classes of Spark, Scala, Hadoop and Delta before it reads a record;
 a crash-recovering deployment and the SIGKILL tests pay that at every restart. HotSpot can
 map those classes, already parsed, from an archive written by an earlier run
-(class-data sharing, JDK 13+). Measured on 2 cores: a cold ``tidemark ingest`` of 20,000
-records took 11.1 s with the archive against 14.8 s without, a session's start and stop
-4.0 s against 6.0 s.
+(class-data sharing, JDK 13+), which shortens every cold start (docs/benchmarks.md,
+"Class-data sharing for the driver").
 
 How it stays safe:
 

@@ -26,33 +26,20 @@ log = logging.getLogger(__name__)
 LOG4J2 = Path(__file__).parent / "spark-log4j2.properties"
 LOG_STORE = "io.tidemark.delta.LocalListingLogStore"
 
-#: Tidemark's own columns whose values are (nearly) all distinct in a file: one per event,
-#: one per source transaction. Parquet's writer dictionary-encodes every column until the
-#: dictionary passes 1 MiB, then re-encodes what it buffered plainly; on these columns
-#: that work never pays: hashing and comparing every value, then writing it twice. With
-#: the transaction id plainly encoded a 200,000-event G3 batch took 0.16-0.29 s less
-#: (medians of 4-6 alternating runs, measured on 2 cores). Readers see ordinary
-#: Parquet.
+#: Tidemark's own columns whose values are (nearly) all distinct in a file, written without
+#: Parquet's dictionary, which never pays on them; readers see ordinary Parquet
+#: (docs/benchmarks.md, "Plainly encoded id columns").
 PLAIN_ENCODED_COLUMNS = ("_tidemark_event_id", "_tidemark_txn.id")
 
-#: HotSpot compiles a method once it has run this many times more than its defaults say.
-#: A batch runs the driver's planning code (Catalyst's rules and code generation, Delta's
-#: log and configuration, the Kafka client's metadata) a few hundred to a few thousand times:
-#: at the defaults, each batch of a warm driver pushed another part of it over C2's
-#: threshold, and C2 spent about 2 s of CPU per 200k-record batch, still after eight batches
-#: (`CompilationMXBean`), on a machine whose two cores the batch's tasks wanted. Five times
-#: the thresholds left that at 0.7-0.8 s, and batches 5-8 took 0.9x the time (measured on 2 cores). The data path's loops run millions of times a batch and still reach C2 within it.
+#: HotSpot compiles a method once it has run this many times more than its defaults say: the
+#: driver's planning code stops costing C2 time every batch, while the data path's loops still
+#: reach C2 (docs/benchmarks.md, "JIT thresholds").
 JIT_OPTIONS = "-XX:CompileThresholdScaling=5"
 
 #: Spark's ``spark.sql.sources.useV1SourceList`` without ``kafka``: a batch's Kafka ranges
-#: (``pipelines.transform.read_ranges``) are read through the source's DataSource V2 scan, as
-#: every Structured Streaming query already reads Kafka. Through V1 (Spark's default for batch
-#: reads) the source hands Spark external ``Row`` objects: each record was built as an
-#: internal row, converted to a ``Row`` (topic and headers to Java objects) and converted back
-#: before Spark copied it into its own row; the V2 scan writes Spark's row once. Both resolve
-#: the ranges and fetch them with the same code: the same records, offsets and read errors
-#: (``bench/diagnostics/reader_bench.py`` checks their content equal); only an invalid option is
-#: reported at the first action instead of at ``load()``. Measured on 2 cores.
+#: (``pipelines.transform.read_ranges``) are read through the source's DataSource V2 scan, which
+#: writes Spark's row once where V1 converts each record to a ``Row`` and back; both read the
+#: same records (docs/benchmarks.md, "Kafka reads through DataSource V2").
 V1_SOURCES = "avro,csv,json,orc,parquet,text"
 
 if TYPE_CHECKING:
@@ -85,10 +72,8 @@ def spark_conf(settings: Settings, *, warehouse: Path | None = None) -> dict[str
         "spark.sql.adaptive.enabled": "true",
         "spark.sql.sources.useV1SourceList": V1_SOURCES,
         # PySpark 4 otherwise records the Python call site of every Column method and
-        # `functions.col` call in the JVM for error context (several py4j round trips each):
-        # the call sites would be Tidemark's own lines, and a G3 batch's step 4 pass took
-        # 0.21 s to build with them, 0.14 s without (measured on 2 cores). PySpark
-        # reads the setting once per process.
+        # `functions.col` call in the JVM (py4j round trips; docs/benchmarks.md, "Python call
+        # sites not recorded"). PySpark reads the setting once per process.
         "spark.python.sql.dataFrameDebugging.enabled": "false",
         **{f"spark.hadoop.parquet.enable.dictionary#{column}": "false" for column in PLAIN_ENCODED_COLUMNS},
         "spark.driver.extraJavaOptions": (

@@ -36,8 +36,8 @@ class Guard:
 
     Two columns, not one message that is null where all is well: Spark copied a nullable
     message's test (and the expressions inside it) into each place the write's filter used
-    it, which tripled the generated code of the write's stage (1.6 → 4.9 KB of bytecode
-    in its main loop) and cost G3 more than the check itself (measured on 2 cores).
+    it, tripling the generated code of the write's stage (docs/benchmarks.md, "A guard as
+    two columns").
     """
 
     tripped: Column

@@ -286,8 +286,7 @@ class Ledger:
         """Intents ``first``..``last`` (inclusive; None: unbounded), in batch order.
 
         Read by delta-rs, like the claim is written: through Spark, a run's first read of
-        the ledger built its snapshot in Spark jobs, 1.1 s in a warm session and 7-8 s of a
-        cold ``tidemark ingest`` process (measured on 2 cores).
+        the ledger builds its snapshot in Spark jobs (docs/benchmarks.md, "The ledger through delta-rs").
         """
         return read_ledger(self.path, self.pipeline, first=first, last=last)
 
@@ -322,15 +321,14 @@ class Ledger:
         rival's in history.
 
         Every other append is written by delta-rs: the same row, ``txn`` action and
-        ``userMetadata`` as Spark's, in ~0.01 s instead of ~0.6 s, because Spark's
-        ``txnAppId`` append rebuilds the ledger's whole snapshot state to look its app up
-        (measured on 2 cores). The fence is the same: the app's version is read
+        ``userMetadata`` as Spark's, without Spark's ``txnAppId`` append rebuilding the ledger's
+        whole snapshot state to look its app up (docs/benchmarks.md, "The ledger through
+        delta-rs"). The fence is the same: the app's version is read
         from the snapshot the commit is made against, and delta-rs refuses the commit if any
         commit since then carries a ``txn`` of this app (Delta's concurrent-transaction
         conflict, as Spark's own check does). The first append creates the ledger the same
         way (version 0 is written only if absent), with the schema and properties Spark's
-        would give it: through Spark it cost a new pipeline's first `tidemark ingest` 6 s
-        of a cold JVM (measured on 2 cores).
+        would give it, sparing a new pipeline's first `tidemark ingest` Spark's jobs in a cold JVM.
         """
         if revision and intent.guarded:
             raise ValueError("a revision is a scanned plan; it cannot be guarded again")

@@ -130,12 +130,10 @@ def checkpoint_if_due(path: str, every: int) -> int | None:
     return version
 
 
-#: What the warm-up computes a snapshot's state under (its own copy of the session's settings).
-#: That state is a few small Spark jobs over the log (6 tasks), where Spark spent more CPU
-#: generating each task's projections' source (the state's schema is wide and nested) and
-#: re-planning between stages than evaluating rows: interpreted and planned once, the same
-#: state took 0.51-0.61 CPU s instead of 0.74-0.88 (measured on 2 cores). The
-#: results are the same either way; the table's own reads and writes keep Spark's defaults.
+#: What the warm-up computes a snapshot's state under (its own copy of the session's settings):
+#: a few small jobs over a wide, nested schema cost less CPU interpreted and planned once
+#: (docs/benchmarks.md, "Snapshot state computed ahead"). The results are the same either way;
+#: the table's own reads and writes keep Spark's defaults.
 WARM_SETTINGS = {"spark.sql.codegen.factoryMode": "NO_CODEGEN", "spark.sql.adaptive.enabled": "false"}
 
 _warm_sessions: weakref.WeakKeyDictionary[SparkSession, Any] = weakref.WeakKeyDictionary()
@@ -148,8 +146,8 @@ def warm_snapshot(spark: SparkSession, path: str) -> int:
     Why: delta-spark answers an append's ``txnAppId`` check from the snapshot's full state
     (``Snapshot.transactions``), which Spark rebuilds from the checkpoint and the newer
     commits in three small jobs, and every commit or checkpoint installs a new snapshot
-    with none computed. Inside step 4 that took 0.3-1.1 s of a 1.2-2.0 s follower batch
-    of 4,000 rows (measured on 2 cores). Computed here after step 6, on the snapshot the
+    with none computed: the append waited for those jobs inside step 4 (docs/benchmarks.md,
+    "Snapshot state computed ahead"). Computed here after step 6, on the snapshot the
     session's cached ``DeltaLog`` holds, the next append's ``update()`` finds the same
     snapshot (nothing new in the log) with its state ready; if another writer committed
     meanwhile, the append builds a new one as it always did. Read-only: no effect on the

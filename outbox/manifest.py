@@ -105,10 +105,10 @@ class Placement:
 
         ``txns``: (id, events, dead-lettered) of each source transaction with events, in the
         group's order; those not dead-lettered are the ones :meth:`open` was called for. The relay
-        writes a manifest per Kafka transaction with a span per source transaction and partition
-        (some 3,500 for a group of 500 ten-event transactions over 9 partitions); building each
-        span's text straight from its indexes, and the summary's bounds from :attr:`sent`, takes
-        half the time of resolving the spans first (measured on 2 cores).
+        writes a manifest per Kafka transaction with a span per source transaction and partition;
+        building each span's text straight from its indexes, and the summary's bounds from
+        :attr:`sent`, is faster than resolving the spans first (docs/benchmarks.md, "Manifest
+        spans encoded in one pass").
         """
         exact = self.exact
         if verify:

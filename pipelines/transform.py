@@ -59,36 +59,8 @@ QUARANTINE_COLUMNS = (
 
 
 #: Kafka consumer settings for reading a batch's ranges, unless the caller's options set them.
-#: A batch is a bulk read of known ranges, not a tail: fewer, larger fetches (the Java
-#: client's defaults are 1 MiB per partition and a 64 KiB socket buffer) keep a task
-#: parsing instead of waiting on the broker. Side by side on 1M × 1 KB records, the same
-#: pass took 10.4-10.5 s with these and 12.5 s without (measured on 2 cores).
-#:
-#: Memory: Spark pools a read's consumers for the next batch (:func:`reader_group`), and a
-#: pooled consumer keeps its last fetch response and last poll's records, until 5 idle
-#: minutes evict it: up to about twice ``max.partition.fetch.bytes`` of heap per
-#: topic-partition the driver has read. At 32 MiB, a read of 4 partitions of 24 MB left
-#: 115 MiB reachable (188 MiB with 10 KB records; ``bench/diagnostics/read_heap_bench.py``), 8
-#: partitions of a 1M-record batch 320 MiB of a 2 GiB driver, and a benchmark session ran
-#: out of heap; a served driver reading a few dozen partitions would have too. At 4 MiB the
-#: same read left 10 MiB (3 MiB with 10 KB records, 17 MiB with 200 B ones) and took as
-#: long (0.53 s against 0.58 s), and 1M records ingested as fast: medians of 6, 7.5 s
-#: against 7.7 s (measured on 2 cores). Spark aims to keep no more than
-#: ``spark.kafka.consumer.cache.capacity`` (64, a soft limit) consumers.
-#:
-#: ``fetch.max.wait.ms``: every range ends at or below the LSO, so the broker never needs to
-#: wait for more data. It matters because Spark keeps a reader's consumer across batches
-#: (:func:`reader_group`): the fetch the Java client sends ahead at the end of one batch's
-#: read, for the offset the next batch starts at, is held by the broker for this long when
-#: nothing new has committed yet, and the next batch's poll waits for it. Under the
-#: freshness benchmark's load some follower batches spent 0.5 s per partition there
-#: (9 partitions, 2 tasks: a 2.7 s write for 2,300 rows; measured on 2 cores).
-#:
-#: ``max.poll.records``: after every poll Spark's reader asks the broker for the partition's
-#: earliest and latest offsets (two ListOffsets round trips), so the Java client's default
-#: of 500 records a poll cost 14 % of a bulk read's task time in a profile; 1M × 1 KB
-#: records ingested 8 % faster with 5,000 a poll, and 20,000 was no faster than 5,000. A
-#: poll returns only records already fetched, so memory stays bounded by the fetch sizes.
+#: A batch is a bulk read of known ranges below the LSO, not a tail: fewer, larger fetches and polls,
+#: no wait for more data, and heap bounded in Spark's consumer pool (docs/benchmarks.md, "Bulk Kafka reads").
 BULK_READ_OPTIONS = {
     "kafka.max.partition.fetch.bytes": str(4 << 20),
     "kafka.fetch.max.bytes": str(16 << 20),
@@ -100,9 +72,8 @@ BULK_READ_OPTIONS = {
 
 SMALL_BATCH_OFFSETS = 100_000
 """A batch with fewer offsets is read and written by at most one task per core, not one per
-Kafka partition: a follower's batch of a few thousand records over 9 partitions spent more
-on 9 tasks and 9 Parquet files than on its rows (commit step 0.78 s vs 1.05 s per batch at
-2,000 events/s, measured on 2 cores), and readers get fewer small files."""
+Kafka partition: a small batch's tasks and files cost more than its rows, and readers get fewer
+small files (docs/benchmarks.md, "Small batches")."""
 
 
 def reader_group(kafka_options: dict[str, str]) -> str:
@@ -110,10 +81,9 @@ def reader_group(kafka_options: dict[str, str]) -> str:
 
     Spark pools its executors' consumers by group id and partition, and gives each read a
     fresh group id unless told one: so every batch would open new consumers (connect,
-    authenticate, fetch metadata), 0.15-0.3 s of a follower's small batch (2.5x the read
-    itself, measured on 2 cores). A stable id lets a batch reuse the consumers the last one
-    left. No group is ever joined or committed to (the reads assign their partitions), so
-    readers sharing it do not interfere. The pool knows a consumer only by that id, so the
+    authenticate, fetch metadata). A stable id lets a batch reuse the consumers the last one
+    left (docs/benchmarks.md, "A stable reader group"). No group is ever joined or committed
+    to (the reads assign their partitions), so readers sharing it do not interfere. The pool knows a consumer only by that id, so the
     id is the options' :func:`~connectors.kafka_config.fingerprint`: new consumers when a
     credential changes, and nothing said of them.
     """
@@ -148,9 +118,8 @@ def read_ranges(spark: SparkSession, kafka_options: dict[str, str], intent: Inte
 class FrameColumns:
     """A pipeline's columns that no batch changes, built once per session and pipeline.
 
-    Why: each ``F.*`` call and each catalog lookup is a py4j round trip, and a follower
-    batch's step 4 was built from about a hundred of them on the claim's thread (0.1 s of
-    a batch on a busy machine, while step 3 waited for it; measured on 2 cores).
+    Why: each ``F.*`` call and each catalog lookup is a py4j round trip, and a batch's step 4
+    needs about a hundred of them (docs/benchmarks.md, "Frame columns built once").
     Spark's columns are immutable descriptions, safe to put in any number of frames.
     """
 
@@ -187,8 +156,8 @@ def frame_columns(spark: SparkSession, pipeline: PipelineConfig, schemas: Schema
     for Avro and Protobuf, of the batch's ``schemas``, read from ``registry``.
 
     Built once per session and configuration: a served driver's scheduled runs, each a new
-    job, then skip the hundred-odd py4j round trips (0.05-0.1 s of a G3 run's step 4,
-    measured on 2 cores). A changed configuration is another key, so it gets its own. A
+    job, then skip the hundred-odd py4j round trips (docs/benchmarks.md, "Frame columns
+    built once"). A changed configuration is another key, so it gets its own. A
     build :func:`columns_ahead` started is waited for, not repeated; a failed one is not
     kept, so its error reaches every caller waiting for it and the next call builds again.
     """
@@ -202,8 +171,8 @@ def columns_ahead(spark: SparkSession, pipeline: PipelineConfig) -> None:
 
     Why: a process's first batch of a pipeline otherwise builds them in step 3, where step
     4's pass is prepared while the claim commits, and a G3 pipeline's took longer than the
-    claim (0.06 s of its 0.14 s prepare against plain's 0.03 s of 0.08 s; measured on 2 cores). Started before the job's LSO snapshot, the build overlaps that, step 1 and
-    step 2 (the manifest read), which wait on Kafka and Delta. A failure is left for the
+    claim (docs/benchmarks.md, "Frame columns built once"). Started before the job's LSO
+    snapshot, the build overlaps that, step 1 and step 2 (the manifest read), which wait on Kafka and Delta. A failure is left for the
     batch's own call, which raises it. (Not for Avro or Protobuf, whose columns wait for the
     batch's schemas.)
     """
