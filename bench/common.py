@@ -99,11 +99,11 @@ def kafka_broker(bootstrap: str | None = None) -> Iterator[tuple[str, str]]:
     try:
         yield cluster.bootstrap_servers, cluster.version
     finally:
-        from pipelines import transactions
+        from pipelines.transactions.consumers import ManifestConsumers
 
         # Kept manifest consumers would retry the stopped broker until they expire. (A base
         # revision measured by bench.revisions may predate keeping them.)
-        close_idle = getattr(transactions.ManifestConsumers, "close_idle", None)
+        close_idle = getattr(ManifestConsumers, "close_idle", None)
         if close_idle is not None:
             close_idle()
         cluster.stop()

@@ -86,7 +86,7 @@ def leaving_out(parts: tuple[str, ...]) -> Iterator[None]:
     from pyspark.sql import functions as F
 
     from pipelines import ingest
-    from pipelines.transactions import TXN_COLUMN
+    from pipelines.transactions.headers import TXN_COLUMN
     from quality.audit import TXN_FIELDS
 
     if not parts:

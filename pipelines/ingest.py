@@ -24,9 +24,12 @@ from connectors.sizes import bytes_per_offset
 from offsets.frames import BatchFrames, BatchResult
 from offsets.ledger import Intent, Schemas
 from offsets.protocol import CommitProtocol
-from pipelines import subjects, transactions
+from pipelines import subjects
 from pipelines.dedup import table_version
 from pipelines.evolution import SchemaChange, compare
+from pipelines.transactions.consumers import ManifestConsumers
+from pipelines.transactions.plan import Planner
+from pipelines.transactions.starts import whole_starts
 from pipelines.transform import columns_ahead, frames, good_schema
 from tidemark.config import PipelineConfig, TidemarkConfig
 from tidemark.errors import (
@@ -170,7 +173,7 @@ class IngestJob:
         kafka = config.with_security(pipeline.kafka_security).kafka  # the pipeline's own principal, if any
         self.client_config = librdkafka_config(kafka, bootstrap)
         self.kafka_options = spark_options(kafka, bootstrap)
-        self.g3 = transactions.Planner(self.client_config, pipeline) if pipeline.transactions.atomic else None
+        self.g3 = Planner(self.client_config, pipeline) if pipeline.transactions.atomic else None
         """The pipeline's G3 plan of each batch (its manifest reads share the run's consumers: :meth:`_run_scope`)."""
         self._admin: KafkaAdmin | None = None
         """The admin client this run's snapshots share (:meth:`_run_scope`)."""
@@ -228,7 +231,7 @@ class IngestJob:
     def revise(self, proposal: Intent, last: Intent | None, bounds: Mapping[TP, PartitionBounds] | None) -> Intent:
         """A guarded batch whose write met a multi-event transaction, proposed again: the scan and
         cut, the guarded intent's other decisions kept."""
-        planner = self.g3 or transactions.Planner(self.client_config, self.pipeline)  # a batch stored guarded
+        planner = self.g3 or Planner(self.client_config, self.pipeline)  # a batch stored guarded
         self.planned = planner.revise(proposal, last, self.snapshot() if bounds is None else bounds)
         return self.planned
 
@@ -277,7 +280,7 @@ class IngestJob:
             # Records that arrived after the snapshot belong to a later batch.
             starts = {tp: min(found[tp], bounds[tp].stable_end) for tp in partitions}
         if self.pipeline.transactions.atomic:  # no source transaction split by where reading starts
-            starts = transactions.whole_starts(self.client_config, self.pipeline, starts, bounds)
+            starts = whole_starts(self.client_config, self.pipeline, starts, bounds)
         return starts
 
     def sizes(self, ranges: Mapping[TP, tuple[int, int]]) -> Mapping[TP, float]:
@@ -293,13 +296,13 @@ class IngestJob:
     def _run_scope(self) -> Iterator[None]:
         """What the batches of the outermost run (one :meth:`run_to`, or all of :meth:`follow`) share:
         the manifest's consumers (kept afterwards for the process's next run with the same
-        settings: :meth:`~pipelines.transactions.ManifestConsumers.kept`), and the admin
+        settings: :meth:`~pipelines.transactions.consumers.ManifestConsumers.kept`), and the admin
         client its snapshots ask (a follower's snapshot is then one metadata and one offsets
         round trip, not a new client's connection)."""
         if self._admin is not None:
             yield
             return
-        with transactions.ManifestConsumers.kept(self.client_config) as reads:
+        with ManifestConsumers.kept(self.client_config) as reads:
             if self.g3 is not None:
                 self.g3.reads = reads
             self._admin = KafkaAdmin(self.client_config)

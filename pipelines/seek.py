@@ -228,8 +228,8 @@ def seek(spark: SparkSession, config: TidemarkConfig, pipeline: PipelineConfig, 
          dry_run: bool = False) -> SeekPlan:
     """Steps 1-4 of the module's docstring; with ``dry_run`` only 1-2 (nothing written but a recovery),
     whatever flags the plan would need (:meth:`SeekPlan.needs` says which)."""
-    from pipelines import transactions
     from pipelines.ingest import IngestJob
+    from pipelines.transactions.starts import whole_starts
 
     job = IngestJob(spark, config, pipeline, bootstrap)
     known_topics = set(topics)
@@ -253,7 +253,7 @@ def seek(spark: SparkSession, config: TidemarkConfig, pipeline: PipelineConfig, 
         edges: dict[TP, int] = {}
         if pipeline.transactions.atomic:
             asked = {tp: m.new for tp, m in moves.items() if m.new != m.old and m.new < bounds[tp].stable_end}
-            whole = transactions.whole_starts(job.client_config, pipeline, asked, bounds) if asked else {}
+            whole = whole_starts(job.client_config, pipeline, asked, bounds) if asked else {}
             for tp, offset in whole.items():
                 if offset != asked[tp]:
                     edges[tp] = asked[tp]

@@ -129,7 +129,7 @@ class FrameColumns:
     constant: Callable[[Column], Column]
     txn: Column | None
     guard: Guard | None
-    """:func:`~pipelines.transactions.guard` without a batch's listed transactions."""
+    """:func:`~pipelines.transactions.headers.guard` without a batch's listed transactions."""
     good: list[Column]
     """The good rows' columns before the per-batch ``_tidemark_txn`` and ``_tidemark_ingested_at``."""
     ingested: Column
