@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -138,3 +139,73 @@ def test_serve_checks_the_prefect_api_it_is_pointed_at(tmp_path: Path, env: dict
     line = _one_line(done)
     assert f"http://127.0.0.1:{port}/api" in line and "PREFECT_API_URL" in line, line
     assert elapsed < 10, elapsed
+
+
+@pytest.mark.slow
+def test_a_follower_that_loses_kafka_waits_for_it_and_goes_on_exactly_once(settings: Any, spark: Any,
+                                                                           tmp_path: Path) -> None:
+    """The broker SIGKILLed under `ingest --follow`: the follower waits (logged, counted in its
+    metrics) instead of exiting, and once the broker is back it goes on, every record once."""
+    import json
+    import signal
+    import urllib.request
+
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from tests.stack_fixtures import kafka_cluster
+
+    with kafka_cluster(settings, tmp_path / "kafka") as (bootstrap, kafka):
+        assert kafka is not None, "needs the embedded broker, to stop it"
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin.create_topics([NewTopic("orders", 1, 1)], operation_timeout=30)["orders"].result(30)
+        del admin  # before the broker goes: a client outliving it logs connection errors
+
+        def produce(ids: range) -> None:
+            producer = Producer({"bootstrap.servers": bootstrap})
+            for i in ids:
+                producer.produce("orders", key=str(i).encode(), value=json.dumps({"id": i, "note": "n"}).encode())
+            assert producer.flush(30) == 0
+
+        def ids() -> list[int]:
+            from deltalake import DeltaTable
+
+            try:
+                return sorted(DeltaTable(str(tmp_path / "orders")).to_pyarrow_table(columns=["id"])["id"].to_pylist())
+            except Exception:  # noqa: BLE001  (no table yet)
+                return []
+
+        def wait_for(check: Any, what: str) -> None:
+            deadline = time.monotonic() + 180
+            while not check():
+                assert time.monotonic() < deadline, f"timed out waiting for {what}"
+                time.sleep(1)
+
+        produce(range(50))
+        config = write_config(tmp_path / "tidemark.yaml", bootstrap, tmp_path / "orders", topics=["orders"],
+                              trigger_interval_seconds=1)
+        metrics_port = free_port()
+        log = (tmp_path / "follower.log").open("w")
+        follower = subprocess.Popen([sys.executable, "-m", "tidemark.cli", "ingest", "orders", "--follow", "--config",
+                                     str(config), "--metrics-port", str(metrics_port)],
+                                    stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_for(lambda: ids() == list(range(50)), "the first 50 records")
+            kafka.kill_node(1)
+            wait_for(lambda: "waiting" in (tmp_path / "follower.log").read_text(), "the follower to wait")
+            time.sleep(5)
+            assert follower.poll() is None, (tmp_path / "follower.log").read_text()
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
+                scraped = response.read().decode()
+            assert 'tidemark_ingest_kafka_down{pipeline="orders"} 1.0' in scraped
+            kafka.start_node(1)
+            produce(range(50, 80))
+            wait_for(lambda: ids() == list(range(80)), "the records written after the outage")
+        finally:
+            follower.send_signal(signal.SIGTERM)
+            follower.wait(120)
+            log.close()
+        text = (tmp_path / "follower.log").read_text()
+        assert follower.returncode == 0, text
+        assert "Kafka answers again" in text and bootstrap in text, text
+        assert ids() == list(range(80))
