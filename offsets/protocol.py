@@ -81,10 +81,11 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING
 
 from connectors.admin import PartitionBounds
 from offsets.frames import GUARD_TRIPPED, BatchFrames, BatchResult, BatchSource
@@ -196,26 +197,46 @@ def _described(intent: Intent) -> str:
 
 class _Heartbeat:
     """Logs every :data:`HEARTBEAT_SECONDS` while a batch's write runs: a replay under load can
-    take minutes, and a run that says nothing meanwhile looks idle, or stuck in a restart loop."""
+    take minutes, and a run that says nothing meanwhile looks idle, or stuck in a restart loop.
+    One watcher thread per protocol, started at its first write and idle between writes (a
+    follower writes several times a second)."""
 
-    def __init__(self, spark: SparkSession, what: str) -> None:
-        self.spark, self.what = spark, what
-        self.done = threading.Event()
-        self.thread: threading.Thread | None = None
+    def __init__(self, spark: SparkSession) -> None:
+        self.spark = spark
+        self._changed = threading.Condition()
+        self._write: tuple[str, float] | None = None
+        """The write running now: what it is, and since when."""
+        self._thread: threading.Thread | None = None
 
-    def __enter__(self) -> Self:
-        if self.spark is not None:
-            self.thread = threading.Thread(target=self._beat, daemon=True, name="tidemark-heartbeat")
-            self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.done.set()
+    @contextmanager
+    def watching(self, what: str) -> Iterator[None]:
+        if self.spark is None:
+            yield
+            return
+        with self._changed:
+            self._write = (what, time.monotonic())
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._beat, daemon=True, name="tidemark-heartbeat")
+                self._thread.start()
+            self._changed.notify()
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._write = None
+                self._changed.notify()
 
     def _beat(self) -> None:
-        started = time.monotonic()
-        while not self.done.wait(HEARTBEAT_SECONDS):
-            log.info("%s: its write has run for %.0f s%s", self.what, time.monotonic() - started, self._progress())
+        while True:
+            with self._changed:
+                while self._write is None:
+                    self._changed.wait()
+                write = self._write
+                self._changed.wait(HEARTBEAT_SECONDS)
+                still = self._write is write
+            if still:  # the same write, HEARTBEAT_SECONDS later (progress is read outside the lock)
+                log.info("%s: its write has run for %.0f s%s", write[0], time.monotonic() - write[1],
+                         self._progress())
 
     def _progress(self) -> str:
         """The tasks done of the driver's running stages (the whole session's: serve's runs share it)."""
@@ -307,6 +328,7 @@ class CommitProtocol:
         """The warm-up in flight, if any (:meth:`quiesce` waits for it)."""
         self._limits: _Limits | None = None
         """The bounds and caps of the batch being planned (None: a batch planned elsewhere, a backfill's)."""
+        self._heartbeat = _Heartbeat(spark)
 
     def forget(self) -> None:
         """Read the tables at the next step 1 instead of trusting this process's last settled batch:
@@ -403,7 +425,7 @@ class CommitProtocol:
         step = prepared if prepared is not None else self._prepare(intent)
         # Commit even a batch without good rows: the commit carries the offsets.
         try:
-            with _Heartbeat(self.spark, f"pipeline {self.pipeline}: batch {intent.batch_id}"
+            with self._heartbeat.watching(f"pipeline {self.pipeline}: batch {intent.batch_id}"
                             + (" (recovered)" if replayed else "")):
                 landed = self._append(step.good, self.target, intent, partition_by=self.partition_by,
                                       observation=step.kept)

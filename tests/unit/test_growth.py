@@ -145,3 +145,27 @@ def test_a_revision_plans_again_from_the_starts_with_growth_not_within_the_guard
     assert seen == [100, 400, 1600] and sum(r.span for r in revised.ranges) == 1600
     assert revised.dedup_version == 42 and revised.planned_at == guarded.planned_at and revised.manifest is None
     assert [r.start for r in revised.ranges] == [r.start for r in guarded.ranges]
+
+
+def test_one_heartbeat_thread_says_a_long_write_runs_and_is_quiet_between_writes(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Step 4's heartbeat: a line per interval while a write runs, none once it ended, and one
+    watcher thread for every write of the protocol (a follower writes several times a second)."""
+    import logging
+    import time
+
+    from offsets import protocol
+
+    monkeypatch.setattr(protocol, "HEARTBEAT_SECONDS", 0.05)
+    beat = protocol._Heartbeat(object())  # type: ignore[arg-type]  # its progress is a courtesy: none here
+    with caplog.at_level(logging.INFO, logger="offsets.protocol"):
+        for n in range(20):  # quick writes: never reported
+            with beat.watching(f"batch {n}"):
+                pass
+        first = beat._thread
+        with beat.watching("batch 20"):
+            time.sleep(0.3)
+        time.sleep(0.2)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines and all(line.startswith("batch 20: its write has run for") for line in lines), lines
+    assert first is not None and beat._thread is first and first.is_alive()
