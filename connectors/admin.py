@@ -122,6 +122,17 @@ class KafkaAdmin:
         except KafkaException as exc:
             raise ServiceUnavailableError(f"offsets of {tp[0]}[{tp[1]}] unavailable: {exc}") from exc
 
+    @classmethod
+    def _bound(cls, futures: Mapping[TP, Any], tp: TP, which: str) -> int:
+        """A partition's log start or LSO; a negative answer (librdkafka's ``OFFSET_INVALID``, -1001)
+        is a leader that cannot say yet, as during an election: an outage to wait out, never an
+        offset (a stored end past -1001 would read as a recreated topic)."""
+        offset = cls._offset(futures, tp)
+        if offset < 0:
+            raise ServiceUnavailableError(f"offsets of {tp[0]}[{tp[1]}] unavailable: its leader answered {offset} "
+                                          f"for its {which} (a leader election in progress?)")
+        return offset
+
     def bounds(self, partitions: Iterable[TP]) -> dict[TP, PartitionBounds]:
         """Log-start offset and LSO of each partition, fresh from the leaders; the LSOs of one instant."""
         parts = list(dict.fromkeys(partitions))
@@ -129,7 +140,8 @@ class KafkaAdmin:
             return {}
         ends = self._offsets(parts, OffsetSpec.latest())
         starts = self._offsets(parts, OffsetSpec.earliest())
-        return {tp: PartitionBounds(self._offset(starts, tp), self._offset(ends, tp)) for tp in parts}
+        return {tp: PartitionBounds(self._bound(starts, tp, "log start"), self._bound(ends, tp, "LSO"))
+                for tp in parts}
 
     def offsets_for_time(self, partitions: Iterable[TP], when: datetime) -> dict[TP, int]:
         """First offset at or after ``when`` per partition; the LSO where nothing is that late."""

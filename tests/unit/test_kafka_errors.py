@@ -3,6 +3,8 @@ confluent-kafka raises them, wrapped or not, and the Java client's as a failed S
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
@@ -53,3 +55,20 @@ def test_the_java_clients_retriable_exceptions_in_a_spark_jobs_text() -> None:
                                         "60000ms expired before the position for partition t-0 could be determined"))
     assert retriable_cause(RuntimeError("org.apache.kafka.common.errors.TopicAuthorizationException: no")) is None
     assert retriable_cause(RuntimeError("java.util.concurrent.TimeoutException: a Spark timeout, not Kafka's")) is None
+
+
+def test_a_leader_that_answers_offset_invalid_is_an_outage_not_an_end() -> None:
+    """Seen with three brokers, the leader of a partition killed: ListOffsets answered -1001 (librdkafka's
+    OFFSET_INVALID) for its LSO, which the plan read as an end before the stored one, a "recreated
+    topic", and the follower stopped. It is a leader that cannot say yet: wait it out."""
+    from types import SimpleNamespace
+
+    from connectors.admin import KafkaAdmin
+
+    def answered(offset: int) -> dict[tuple[str, int], Any]:
+        return {("t", 0): SimpleNamespace(result=lambda: SimpleNamespace(offset=offset))}
+
+    assert KafkaAdmin._bound(answered(774), ("t", 0), "LSO") == 774
+    assert KafkaAdmin._bound(answered(0), ("t", 0), "log start") == 0
+    with pytest.raises(ServiceUnavailableError, match=r"t\[0\].*-1001.*LSO"):
+        KafkaAdmin._bound(answered(-1001), ("t", 0), "LSO")
