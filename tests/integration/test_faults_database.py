@@ -143,7 +143,7 @@ def _crash_under_the_relay(settings: Settings, state: Path, tmp_path: Path, kafk
         writers = CrashWriters(setup, threads=3, late_rate=0.2, rollback_rate=0.15, pause=0.01, seed=71).start()
         relay = setup.start()
         rng = random.Random(71)
-        crashes = 3
+        crashes = 2
         try:
             time.sleep(6)
             for n in range(crashes):

@@ -124,8 +124,8 @@ def outage_lines(log: Path) -> dict[str, int]:
 @pytest.mark.parametrize("brokers", [1])
 def test_brokers_killed_and_restarted_under_relay_and_follower(spark, settings: Settings, tmp_path: Path,  # type: ignore[no-untyped-def]
                                                                postgres_dsn: str, brokers: int) -> None:
-    """The broker SIGKILLed and restarted five times; the first time the follower starts while it
-    is down (it must wait, not exit). Three brokers: the leader test below, five kills too."""
+    """The broker SIGKILLed and restarted three times; the first time the follower starts while it
+    is down (it must wait, not exit). Three brokers: the leader test below."""
     if settings.kafka.bootstrap_servers:
         pytest.skip("kills brokers of its own")
     rng = random.Random(brokers)
@@ -139,7 +139,7 @@ def test_brokers_killed_and_restarted_under_relay_and_follower(spark, settings: 
         writers = Writers(setup, threads=1, late_rate=0.2, rollback_rate=0.15, pause=0.5, seed=50 + brokers).start()
         relay = setup.start()
         follower: subprocess.Popen[bytes] | None = None
-        kills = 5 if brokers == 1 else 3
+        kills = 3 if brokers == 1 else 2  # CI budget: each kill a broker restart and the follower's catch-up
         try:
             wait_for_topics(setup, relay)
             for round_ in range(kills):
@@ -175,8 +175,7 @@ def _leader(admin: Any, topic: str, partition: int) -> int:
 def test_a_leader_killed_mid_transaction_under_relay_and_follower(spark, settings: Settings, tmp_path: Path,  # type: ignore[no-untyped-def]
                                                                   postgres_dsn: str) -> None:
     """Three brokers (RF 3, min ISR 2): the leader of an event partition, then of the manifest's
-    partition, then of the relay-offsets partition, then of an event partition of another topic and
-    of the first again, each SIGKILLed while the relay commits every ~100 ms (so mid-transaction)
+    partition, then of the relay-offsets partition, each SIGKILLed while the relay commits every ~100 ms (so mid-transaction)
     and the follower reads; each restarted after a while."""
     from confluent_kafka.admin import AdminClient
 
@@ -198,7 +197,7 @@ def test_a_leader_killed_mid_transaction_under_relay_and_follower(spark, setting
             follower = start_follower(config, log)
             wait_for_rows(spark, pipeline.target, follower, log)  # the follower is reading when the leaders die
             events = setup.event_topics()
-            for topic in (events[0], setup.manifest_topic, setup.offsets_topic, events[-1], events[0]):
+            for topic in (events[0], setup.manifest_topic, setup.offsets_topic):
                 leader = _leader(admin, topic, 0)
                 assert leader > 0, f"{topic}:0 has no leader"
                 cluster.kill_node(leader)

@@ -49,13 +49,13 @@ def _backlog(tmp: Path, dsn: str, bootstrap: str, events: int, seed: int) -> Rel
     return setup
 
 
-@pytest.mark.parametrize(("events", "caps"), [(10_000, (200, 1000)), (2_000, (50,))],
-                         ids=["10k-cap200-cap1000", "2k-cap50"])
+@pytest.mark.parametrize(("events", "caps"), [(5_000, (200, 1000)), (2_000, (50,))],
+                         ids=["5k-cap200-cap1000", "2k-cap50"])
 def test_capped_followers_catch_up_on_an_uneven_backlog_whole_and_without_empty_versions(
         spark, postgres_dsn: str, kafka_bootstrap: str, tmp_path: Path, events: int,  # type: ignore[no-untyped-def]
         caps: tuple[int, ...]) -> None:
     """Each cap catches up in at most 2 * ceil(N / cap) + 5 batches. (The cap of 50 runs on a
-    smaller backlog: at 10,000 events it would be 200-odd batches of a few seconds each.)"""
+    smaller backlog: at 5,000 events it would be 100-odd batches of a few seconds each.)"""
     setup = _backlog(tmp_path, postgres_dsn, kafka_bootstrap, events, seed=11 + len(caps))
     written, offsets = g3.written(setup)
     total = sum(written.values())
