@@ -125,6 +125,7 @@ def test_the_warm_up_runs_only_where_the_session_outlives_the_batch_and_is_waite
     """``keep_warm`` off (a standalone run about to stop its session): no thread. On: one warm-up
     of the target at a time, carrying the caller's Spark job group, and ``quiesce`` waits for it."""
     import threading
+    from types import SimpleNamespace
 
     from offsets import protocol
 
@@ -137,12 +138,13 @@ def test_the_warm_up_runs_only_where_the_session_outlives_the_batch_and_is_waite
         return 1
 
     monkeypatch.setattr(protocol, "warm_snapshot", fake_warm)
+    source = SimpleNamespace(keep_warm=False)  # the pipeline's side: only whether the session outlives the batch
     p = protocol.CommitProtocol.__new__(protocol.CommitProtocol)
-    p.spark, p.target, p.pipeline, p._warming, p.keep_warm = spark, "/tables/t", "orders", None, False
+    p.spark, p.target, p.pipeline, p._warming, p.source = spark, "/tables/t", "orders", None, source
     p._warm()
     assert p._warming is None and calls == []
 
-    p.keep_warm = True
+    source.keep_warm = True
     spark.sparkContext.setJobGroup("tidemark-ingest-orders-test", "a served run")
     try:
         p._warm()
