@@ -236,6 +236,13 @@ class IngestJob:
         return self.planned
 
     def frames(self, intent: Intent) -> BatchFrames:
+        if intent.schemas is None and self.registry is not None and intent.is_empty:
+            # A first batch that reads nothing still creates the target (its readers find a table):
+            # with the subject's schemas now, as it holds no record to decode.
+            from dataclasses import replace
+
+            intent = replace(intent, schemas=subjects.plan(self.registry, self.pipeline,
+                                                           (r.topic for r in intent.ranges)))
         listed = self.g3.listed_for(intent) if self.g3 is not None else ()
         return frames(self.spark, self.kafka_options, self.pipeline, intent, dedup_table=self.dedup_table,
                       listed=listed, registry=self.registry)
@@ -532,7 +539,8 @@ class IngestJob:
             return "the object store", store
         cause = retriable_cause(exc)
         if cause is not None:
-            return "Kafka", f"Kafka answered with a retriable error ({cause})"
+            servers = self.client_config.get("bootstrap.servers", "?")
+            return "Kafka", f"Kafka at {servers} answered with a retriable error ({cause})"
         if isinstance(exc, ServiceUnavailableError):
             return "Kafka", str(exc)
         try:
