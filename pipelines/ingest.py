@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from connectors.admin import TP, KafkaAdmin, PartitionBounds
@@ -215,8 +215,6 @@ class IngestJob:
 
     def decide(self, intent: Intent, last: Intent | None, bounds: Mapping[TP, PartitionBounds]) -> Intent:
         """Step 2's decisions (see offsets.protocol): G3's plan, the batch's schemas, then dedup's table version."""
-        from dataclasses import replace
-
         if self.g3 is not None:
             intent = self.g3.decide(intent, last, bounds)
         self.planned = intent
@@ -239,8 +237,6 @@ class IngestJob:
         if intent.schemas is None and self.registry is not None and intent.is_empty:
             # A first batch that reads nothing still creates the target (its readers find a table):
             # with the subject's schemas now, as it holds no record to decode.
-            from dataclasses import replace
-
             intent = replace(intent, schemas=subjects.plan(self.registry, self.pipeline,
                                                            (r.topic for r in intent.ranges)))
         listed = self.g3.listed_for(intent) if self.g3 is not None else ()
